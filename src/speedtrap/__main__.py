@@ -1,0 +1,3 @@
+from speedtrap.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""``speedtrap targets``, ``speedtrap patches`` and ``speedtrap check equivalence``."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.patching import names_switched_on, parse_patch_list
+from speedtrap.targets import known_targets, resolve_target
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target name (see `speedtrap targets`).")]
+PatchesOpt = Annotated[
+    str | None,
+    typer.Option("--patches", "-p", help="Comma-separated patch names; default: those whose env var is on."),
+]
+
+
+@app.command()
+@user_errors
+def targets(json: JsonOpt = False) -> None:
+    """List the known targets."""
+    rows = [{"name": t.name, "description": t.description, "patches": len(t.patch_infos())} for t in known_targets()]
+    if json:
+        emit_json({"targets": rows})
+        return
+    table = Table("target", "patches", "description")
+    for row in rows:
+        table.add_row(str(row["name"]), str(row["patches"]), str(row["description"]))
+    out_console.print(table)
+
+
+@app.command()
+@user_errors
+def patches(target: TargetOpt = "smol-moe", json: JsonOpt = False) -> None:
+    """List a target's speed patches: gate, kind, layers, phases, diff."""
+    infos = resolve_target(target).patch_infos()
+    if json:
+        emit_json({"target": target, "patches": [i.to_json() for i in infos]})
+        return
+    table = Table("patch", "gate", "kind", "scope", "phases", "summary")
+    for i in infos:
+        table.add_row(i.name, i.gate.describe(), i.kind.value, i.scope, "+".join(sorted(i.phases)), i.summary)
+    out_console.print(table)
+
+
+@check_app.command("equivalence")
+@user_errors
+def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = None, json: JsonOpt = False) -> None:
+    """Compare smol-moe (with patches) to the dense model it was built from, on fixed text."""
+    from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
+    from speedtrap.targets.smolmoe.equivalence import check_equivalence, dense_reference
+
+    resolved = resolve_target(target)
+    if not isinstance(resolved, SmolMoETarget):
+        raise typer.BadParameter("equivalence is defined for smol-moe only", param_hint="--target")
+    with err_console.status("loading smol-moe and its dense reference"):
+        model = resolved.load()
+        names = parse_patch_list(patches) if patches is not None else names_switched_on(model.patch_infos(), os.environ)
+        result = check_equivalence(model, dense_reference(dense_weights()), names)
+    if json:
+        emit_json(result.to_json())
+        return
+    verdict = "[green]equivalent[/]" if result.equivalent else "[red]NOT equivalent[/]"
+    out_console.print(
+        f"{verdict}: {result.tokens} tokens, top-1 agreement {result.top1_agreement:.4f}, "
+        f"max |logit diff| {result.max_abs_logit_diff:.3g} (bound {result.bound:g}), patches: {list(result.patches)}"
+    )

@@ -1,0 +1,178 @@
+"""``speedtrap triage`` (rank patches, trace a factor, write a plan) and ``speedtrap inspect``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from speedtrap._errors import UsageError
+from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+PatchOpt = Annotated[
+    list[Path] | None, typer.Option("--patch", help="A unified diff file; repeat for several patches.")
+]
+RangeOpt = Annotated[str | None, typer.Option("--range", help="A git range A..B in --repo: one patch per commit.")]
+RepoOpt = Annotated[Path | None, typer.Option("--repo", help="The git repository for --range.")]
+ManifestOpt = Annotated[Path | None, typer.Option("--manifest", help="A speedtrap.toml with [[patches]] tables.")]
+TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="A built-in target's patches: smol-moe.")]
+TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The source tree the patches apply to.")]
+SymbolOpt = Annotated[
+    str | None, typer.Option("--symbol", help="List every site of this name, e.g. routed_scaling_factor.")
+]
+PlanOpt = Annotated[
+    Path | None, typer.Option("--plan", help="Write the diagnostic plan (Markdown) here; '-' for stdout.")
+]
+
+
+@app.command("triage")
+@user_errors
+def triage_cmd(
+    patch: PatchOpt = None,
+    range_: RangeOpt = None,
+    repo: RepoOpt = None,
+    manifest: ManifestOpt = None,
+    target: TargetOpt = None,
+    tree: TreeOpt = None,
+    symbol: SymbolOpt = None,
+    plan: PlanOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Rank patches from their diffs (tiers with reasons), trace a factor, write a diagnostic plan."""
+    from speedtrap.triage import from_diff_files, from_git_range, from_manifest, from_target, render_plan, trace_symbol
+    from speedtrap.triage import triage as run_triage
+
+    chosen = [
+        n for n, v in (("--patch", patch), ("--range", range_), ("--manifest", manifest), ("--target", target)) if v
+    ]
+    if len(chosen) > 1:
+        raise UsageError(
+            f"choose one patch source, not {' and '.join(chosen)}",
+            "pass --patch FILE..., --range A..B --repo PATH, --manifest FILE or --target smol-moe",
+        )
+    if repo is not None and range_ is None:
+        raise UsageError("--repo needs --range", "pass --range A..B with --repo PATH")
+    if not chosen:
+        if symbol and tree:
+            result = trace_symbol(tree, symbol)
+            if json:
+                emit_json({"trace": result.to_json()})
+            else:
+                _print_sites(result)
+            return
+        raise UsageError(
+            "no patches given",
+            "pass --patch FILE..., --range A..B --repo PATH, --manifest FILE or "
+            "--target smol-moe (or --tree with --symbol to trace only)",
+        )
+    if range_ is not None:
+        if repo is None:
+            raise UsageError("--range needs --repo", "pass --repo with the path of the git checkout")
+        patch_set = from_git_range(repo, range_, tree)
+    elif manifest is not None:
+        patch_set = from_manifest(manifest, tree)
+    elif target is not None:
+        with err_console.status(f"loading {target}'s patches"):
+            patch_set = from_target(target, tree)
+    else:
+        patch_set = from_diff_files(list(patch or []), tree)
+    try:
+        report = run_triage(patch_set, symbol)
+        markdown = render_plan(report, patch_set.cli_args)
+    finally:
+        patch_set.close()
+    if plan is not None and str(plan) != "-":
+        try:
+            plan.write_text(markdown, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write the plan to {str(plan)!r}: {exc.strerror}", "pass a writable path"
+            ) from None
+    if json:
+        emit_json({**report.to_json(), "plan_path": str(plan) if plan is not None and str(plan) != "-" else None})
+        return
+    if plan is not None and str(plan) == "-":
+        typer.echo(markdown, nl=False)
+        return
+    _print_report(report)
+    if plan is not None:
+        err_console.print(f"plan written to {plan}")
+
+
+def _print_report(report: object) -> None:
+    from speedtrap.triage import TriageReport
+
+    assert isinstance(report, TriageReport)
+    out_console.print(
+        f"[bold]{report.label}[/]: {len(report.patches)} patches read in {report.elapsed_s:.1f} s", highlight=False
+    )
+    for tier in (1, 2, 3):
+        out_console.print(f"\n[bold]Tier {tier}[/]", highlight=False)
+        for p in report.tier(tier):
+            best = p.signals.best_hot_path
+            facts = escape(
+                f"[{p.gate.describe()} | runs {best.level if best else 'unknown'} | phases {p.signals.phases} (guess)]"
+            )
+            out_console.print(f"  [bold]{escape(p.name)}[/]  {facts}", highlight=False, soft_wrap=True)
+            for reason in p.ranking.reasons:
+                out_console.print(f"    - {reason}", highlight=False, soft_wrap=True, markup=False)
+    for p in report.patches:
+        for d in p.doubles[:1]:
+            out_console.print(f"[bold red]warning:[/] {d.message}", highlight=False, soft_wrap=True)
+    for w in report.warnings:
+        err_console.print(f"[yellow]note:[/] {w}", highlight=False)
+    if report.trace is not None:
+        _print_sites(report.trace, warn=False)
+
+
+def _print_sites(trace: object, warn: bool = True) -> None:
+    from speedtrap.triage import TraceResult
+
+    assert isinstance(trace, TraceResult)
+    table = Table("site", "function", "role", "guarded by", title=f"{len(trace.sites)} sites of {trace.symbol}")
+    for s in trace.sites:
+        role = s.role if s.method == "ast" else f"{s.role} ({s.method})"
+        table.add_row(s.where, s.function, role, "\n".join(s.guards) or "-")
+    out_console.print(table)
+    for d in trace.double_applications if warn else []:
+        out_console.print(f"[bold red]warning:[/] {d.message}", highlight=False, soft_wrap=True)
+
+
+@app.command("inspect")
+@user_errors
+def inspect_cmd(
+    pid: Annotated[int, typer.Option("--pid", help="The server's process id.")],
+    manifest: ManifestOpt = None,
+    target: TargetOpt = None,
+    ssh: Annotated[str | None, typer.Option("--ssh", help="Read /proc on this host through the ssh client.")] = None,
+    json: JsonOpt = False,
+) -> None:
+    """Which patch gates are on in a running server (its argv and environment; secrets redacted)."""
+    from speedtrap.triage import from_manifest, inspect_process, target_patch_inputs
+
+    if manifest is not None and target is not None:
+        raise UsageError("choose --manifest or --target, not both", "pass one of them")
+    patches = (
+        from_manifest(manifest, None).patches if manifest is not None else target_patch_inputs(target or "smol-moe")[0]
+    )
+    report = inspect_process(pid, patches, ssh)
+    if json:
+        emit_json(report.to_json())
+        return
+    table = Table("patch", "gate", "state", "evidence", title=f"pid {pid} on {ssh or 'this machine'}")
+    for g in report.gates:
+        table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
+    out_console.print(table)
+    out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False)
+    if report.other_switches:
+        out_console.print(
+            "other switch-like variables: " + ", ".join(f"{k}={v}" for k, v in report.other_switches.items()),
+            highlight=False,
+            soft_wrap=True,
+        )
+    if report.redacted:
+        out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False)

@@ -1,0 +1,275 @@
+"""Which patch gates are on in a live server: its command line and environment, read from /proc
+(locally, or through the system ssh client with an argument list), with secrets redacted."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import UsageError
+from speedtrap.triage._manifest import CONFIG, ENV, FLAG, GateSpec
+from speedtrap.triage._sources import PatchInput
+
+REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(
+    r"token|secret|passw|pwd|api[_-]?key|apikey|access[_-]?key|private|credential|auth|"
+    r"cookie|session|signature|(^|[_-])key($|[_-])",
+    re.I,
+)
+_SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_|"
+    r"xox[abprs]-|AKIA[0-9A-Z]{12,}|ASIA[0-9A-Z]{12,}|glpat-|eyJ[A-Za-z0-9_-]{10,}\.)"
+)
+_URL_CREDS = re.compile(r"(://[^/\s:@]+:)[^@\s/]+@")
+_SWITCH_PREFIXES = (
+    "SGLANG_",
+    "VLLM_",
+    "SPEEDTRAP_",
+    "LLAMA_",
+    "GGML_",
+    "TORCH_",
+    "NCCL_",
+    "CUDA_",
+    "TRTLLM_",
+    "FLASHINFER_",
+    "TRITON_",
+)
+_TRUTHY = {"1", "true", "yes", "on"}
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.@\[\]:%-]+$")
+_SSH_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class GateState:
+    patch: str
+    gate: GateSpec
+    state: str  # "on", "off", "unknown", "ungated"
+    evidence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "gate": self.gate.to_json(), "state": self.state, "evidence": self.evidence}
+
+
+@dataclass
+class InspectReport:
+    pid: int
+    host: str | None
+    argv: list[str]
+    env: dict[str, str]  # redacted
+    gates: list[GateState]
+    redacted: list[str] = field(default_factory=list)
+    other_switches: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def patches_on(self) -> list[str]:
+        return [g.patch for g in self.gates if g.state == "on"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "host": self.host or "local",
+            "patches_on": self.patches_on,
+            "gates": [g.to_json() for g in self.gates],
+            "argv": self.argv,
+            "other_switches": self.other_switches,
+            "redacted": self.redacted,
+            "env": self.env,
+        }
+
+
+def is_secret(name: str, value: str) -> bool:
+    return bool(_SECRET_NAME.search(name) or _SECRET_VALUE.match(value.strip()))
+
+
+def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    out, hidden = {}, []
+    for k, v in env.items():
+        if is_secret(k, v):
+            out[k] = REDACTED
+            hidden.append(k)
+        else:
+            out[k] = _URL_CREDS.sub(r"\1" + REDACTED + "@", v)
+    return out, sorted(hidden)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-") and "=" in arg:
+            name, value = arg.split("=", 1)
+            out.append(
+                f"{name}={REDACTED}"
+                if is_secret(name.lstrip("-"), value)
+                else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg)
+            )
+            continue
+        if arg.startswith("-") and _SECRET_NAME.search(arg.lstrip("-")):
+            hide_next = True
+        out.append(REDACTED if _SECRET_VALUE.match(arg) else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg))
+    return out
+
+
+def _split_nul(data: bytes) -> list[str]:
+    return [part.decode("utf-8", "replace") for part in data.split(b"\x00") if part]
+
+
+def _read_local(pid: int, what: str) -> bytes:
+    path = Path(f"/proc/{pid}/{what}")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"no process with pid {pid}", "check the pid with `ps aux | grep serve`") from None
+    except PermissionError:
+        raise UsageError(
+            f"cannot read {path}: permission denied (the process belongs to another user)",
+            "run inspect as that user or as root",
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", "check that the process is still running") from None
+
+
+def _read_ssh(host: str, pid: int, what: str) -> bytes:
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise UsageError("the ssh client is not installed", "install openssh-client, or run inspect on the host")
+    argv = [
+        ssh,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={_SSH_TIMEOUT_S // 3}",
+        "--",
+        host,
+        "cat",
+        f"/proc/{pid}/{what}",
+    ]
+    try:
+        # An argument list, no shell: the host is checked above and the pid is an int.
+        proc = subprocess.run(argv, capture_output=True, timeout=_SSH_TIMEOUT_S, check=False)  # noqa: S603
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"ssh to {host} did not answer in {_SSH_TIMEOUT_S} s", "check the host name and network"
+        ) from None
+    err = proc.stderr.decode("utf-8", "replace").strip()
+    if proc.returncode == 255:
+        raise UsageError(
+            f"ssh to {host} failed: {err.splitlines()[-1] if err else 'exit 255'}",
+            "check that `ssh HOST true` works without a password prompt (BatchMode)",
+        )
+    if proc.returncode != 0:
+        if "No such file" in err:
+            raise UsageError(f"no process with pid {pid} on {host}", "check the pid with `ssh HOST ps aux`")
+        if "Permission denied" in err:
+            raise UsageError(
+                f"cannot read /proc/{pid}/{what} on {host}: permission denied",
+                "ssh as the user that runs the server, or as root",
+            )
+        raise UsageError(
+            f"reading /proc/{pid}/{what} on {host} failed: {err[:200] or proc.returncode}", "check the pid and the host"
+        )
+    return proc.stdout
+
+
+def read_process(pid: int, ssh_host: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """A process's argv and environment, from /proc (locally or over ssh)."""
+    if not isinstance(pid, int) or pid <= 0:
+        raise UsageError(f"pid {pid!r} is not a positive integer", "pass the server's process id")
+    if ssh_host is not None and (ssh_host.startswith("-") or not _HOST_RE.match(ssh_host)):
+        raise UsageError(f"--ssh {ssh_host!r} is not a host name", "pass a host such as gpu-node-3 or user@10.0.0.5")
+    read = (lambda what: _read_ssh(ssh_host, pid, what)) if ssh_host else (lambda what: _read_local(pid, what))
+    argv = _split_nul(read("cmdline"))
+    if not argv:
+        raise UsageError(f"pid {pid} has no command line (a kernel thread, or a zombie)", "pass the server's pid")
+    env: dict[str, str] = {}
+    for item in _split_nul(read("environ")):
+        key, sep, value = item.partition("=")
+        if sep:
+            env[key] = value
+    return argv, env
+
+
+def _args_present(args: tuple[str, ...], argv: list[str]) -> bool:
+    for want in args:
+        if want in argv:
+            continue
+        if "=" in want:
+            name, value = want.split("=", 1)
+            if any(a == name and i + 1 < len(argv) and argv[i + 1] == value for i, a in enumerate(argv)):
+                continue
+        elif any(a.startswith(want + "=") for a in argv):
+            continue
+        return False
+    return bool(args)
+
+
+def _model_config(argv: list[str]) -> dict[str, Any] | None:
+    for flag in ("--model-path", "--model", "-m"):
+        for i, a in enumerate(argv):
+            path = (
+                argv[i + 1]
+                if a == flag and i + 1 < len(argv)
+                else a.split("=", 1)[1]
+                if a.startswith(flag + "=")
+                else None
+            )
+            if path:
+                try:
+                    data = json.loads((Path(path) / "config.json").read_text())
+                except (OSError, ValueError):
+                    return None
+                return data if isinstance(data, dict) else None
+    return None
+
+
+def gate_state(name: str, gate: GateSpec, argv: list[str], env: dict[str, str], local: bool) -> GateState:
+    if gate.kind == ENV:
+        states = []
+        for key, value in gate.env:
+            got = env.get(key)
+            on = got is not None and (
+                got.strip().lower() == value.lower() or (got.strip().lower() in _TRUTHY and value.lower() in _TRUTHY)
+            )
+            states.append((key, got, on))
+        on = all(s[2] for s in states)
+        shown = ", ".join(
+            f"{k}={'<unset>' if g is None else (REDACTED if is_secret(k, g) else g)}" for k, g, _ in states
+        )
+        return GateState(name, gate, "on" if on else "off", shown)
+    if gate.kind == FLAG:
+        on = _args_present(gate.args, argv)
+        return GateState(
+            name, gate, "on" if on else "off", f"{' '.join(gate.args)} {'in' if on else 'not in'} the command line"
+        )
+    if gate.kind == CONFIG:
+        config = _model_config(argv) if local else None
+        key, value = gate.config[0]
+        if config is None or key not in config:
+            return GateState(
+                name,
+                gate,
+                "unknown",
+                f"config-conditional on {key}: not visible in argv/env; check the model's config.json",
+            )
+        got = str(config[key]).lower()
+        on = got == value.lower() or (got in _TRUTHY and value.lower() in _TRUTHY)
+        return GateState(name, gate, "on" if on else "off", f"config.json: {key}={config[key]}")
+    return GateState(name, gate, "ungated", "compiled in: on whenever the build contains it")
+
+
+def inspect_process(pid: int, patches: list[PatchInput], ssh_host: str | None = None) -> InspectReport:
+    argv, env = read_process(pid, ssh_host)
+    gates = [gate_state(p.name, p.gate, argv, env, ssh_host is None) for p in patches if p.gate is not None]
+    known = {k for p in patches if p.gate is not None for k, _ in p.gate.env}
+    env_shown, hidden = redact_env(env)
+    others = {k: v for k, v in env_shown.items() if k.startswith(_SWITCH_PREFIXES) and k not in known}
+    return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others)

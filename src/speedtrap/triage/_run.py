@@ -1,0 +1,146 @@
+"""Triage end to end: lay each patch on the tree, read its signals, trace factors, rank, report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import UsageError
+from speedtrap.triage._changes import ChangedFile, lay_patch
+from speedtrap.triage._hotpath import HotPaths
+from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._manifest import GateSpec
+from speedtrap.triage._rank import Ranking, gate_of, rank
+from speedtrap.triage._signals import SCALE, PatchSignals, analyze
+from speedtrap.triage._sources import PatchInput, PatchSet
+from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
+from speedtrap.triage._units import Units
+
+_APPLYING = {"added", "moved", "guard changed"}
+
+
+@dataclass
+class PatchReport:
+    patch: PatchInput
+    files: list[ChangedFile]
+    signals: PatchSignals
+    gate: GateSpec
+    gate_source: str
+    ranking: Ranking
+    doubles: list[DoubleApplication] = field(default_factory=list)
+    added_sites: list[Site] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.patch.name
+
+    @property
+    def tier(self) -> int:
+        return self.ranking.tier
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.patch.to_json(),
+            "tier": self.ranking.tier,
+            "ranking": self.ranking.to_json(),
+            "gate_used": {**self.gate.to_json(), "source": self.gate_source},
+            "files": [f.to_json() for f in self.files],
+            "signals": [s.to_json() for s in self.signals.signals],
+            "hot_paths": [h.to_json() for h in self.signals.hot_paths],
+            "phases": {"value": self.signals.phases, "guess": True},
+            "double_applications": [d.to_json() for d in self.doubles],
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class TriageReport:
+    label: str
+    tree: str | None
+    patches: list[PatchReport]  # in rank order
+    trace: TraceResult | None
+    elapsed_s: float
+    warnings: list[str] = field(default_factory=list)
+
+    def tier(self, n: int) -> list[PatchReport]:
+        return [p for p in self.patches if p.tier == n]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.label,
+            "tree": self.tree,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "tiers": {str(t): [p.name for p in self.tier(t)] for t in (1, 2, 3)},
+            "patches": [p.to_json() for p in self.patches],
+            "trace": self.trace.to_json() if self.trace else None,
+            "warnings": self.warnings,
+        }
+
+
+def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
+    """Rank the patches of ``patch_set``; with ``symbol``, also list every site of it in the tree."""
+    start = time.perf_counter()
+    if symbol is not None and not symbol.isidentifier():
+        raise UsageError(f"--symbol {symbol!r} is not a Python identifier", "pass a name such as routed_scaling_factor")
+    tree = patch_set.tree
+    if tree is not None and not Path(tree).is_dir():
+        raise UsageError(
+            f"source tree {str(tree)!r} is not a directory", "pass --tree with the directory the patches apply to"
+        )
+    index = SourceIndex(Path(tree)) if tree is not None else None
+    warnings: list[str] = []
+    if index is None:
+        warnings.append("no source tree: signals are read from the diffs alone (no hot-path analysis, no factor trace)")
+    if symbol and index is None:
+        raise UsageError("--symbol needs the source tree", "pass --tree (or use --range/--target, which know it)")
+    base_sites: dict[str, list[Site]] = {}
+    scanned = 0
+
+    def sites_of(name: str) -> list[Site]:
+        nonlocal scanned
+        if name not in base_sites:
+            assert index is not None
+            base_sites[name], scanned = trace_tree(index, name)
+        return base_sites[name]
+
+    trace = TraceResult(symbol, sites_of(symbol), files_scanned=scanned) if symbol and index else None
+    stacked: dict[str, str] = {}
+    reports: list[PatchReport] = []
+    for patch in patch_set.patches:
+        notes: list[str] = []
+        files = lay_patch(patch.diff, patch.name, index, stacked, patch.file_hint) if patch.diff else []
+        if not patch.diff:
+            notes.append("no diff: ranked on its gate alone")
+        notes.extend(f"{f.path}: {f.note}" for f in files if f.note)
+        post = index.with_overlay({f.path: f.new_text for f in files}) if index is not None else None
+        units = Units(post) if post is not None else None
+        sig = analyze(files, HotPaths(units) if units else None, symbol)
+        doubles: list[DoubleApplication] = []
+        added_sites: list[Site] = []
+        if post is not None and index is not None:
+            factors = {s.data["factor"] for s in sig.of(SCALE) if s.data.get("change") in _APPLYING}
+            if symbol:
+                factors.add(symbol)
+            added_lines = {f.path: f.added for f in files if f.is_python and f.new_text is not None}
+            for factor in sorted(factors):
+                if not factor.isidentifier():
+                    continue
+                added, found = double_applications(
+                    index, factor, patch.name, post, added_lines, units, sites_of(factor)
+                )
+                doubles.extend(found)
+                if factor == symbol:
+                    added_sites.extend(added)
+        gate, gate_source = gate_of(patch.gate, sig.detected_gate)
+        ranking = rank(sig, gate, doubles, patch.declared)
+        reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes))
+        if trace is not None:
+            trace.added.extend(added_sites)
+            trace.double_applications.extend(d for d in doubles if d.symbol == symbol)
+    reports.sort(key=lambda r: (r.tier, -r.ranking.score))
+    return TriageReport(
+        patch_set.label, str(tree) if tree else None, reports, trace, time.perf_counter() - start, warnings
+    )

@@ -1,0 +1,139 @@
+"""What a patch does, read off its diff and the tree: each signal with the lines that raised it.
+
+Python files are compared as ASTs (old file vs patched file, restricted to the changed lines);
+other files, and Python that does not parse, get line patterns and say so (``method: text``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from speedtrap.triage._changes import ChangedFile
+from speedtrap.triage._detect import (
+    GATING,
+    GUARD,
+    HOT_PATH,
+    PHASES,
+    PRECISION,
+    SCALE,
+    Evidence,
+    Signal,
+    gating,
+    guards_removed,
+    precision,
+    scale,
+    text_signals,
+)
+from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
+from speedtrap.triage._pyast import Module, last_name
+
+__all__ = [
+    "GATING",
+    "GUARD",
+    "HOT_PATH",
+    "PHASES",
+    "PRECISION",
+    "SCALE",
+    "Evidence",
+    "PatchSignals",
+    "Signal",
+    "analyze",
+]
+
+_DECODE = re.compile(r"decode|kv_?cache|kv_?store|past_key|paged|cache", re.I)
+_PREFILL = re.compile(r"prefill|extend|chunk|prompt", re.I)
+
+
+@dataclass
+class PatchSignals:
+    signals: list[Signal] = field(default_factory=list)
+    hot_paths: list[HotPath] = field(default_factory=list)
+    phases: str = "both"
+    detected_gate: tuple[str, str] = ("ungated", "")  # (kind, key)
+    factors: list[str] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Signal]:
+        return [s for s in self.signals if s.kind == kind]
+
+    @property
+    def best_hot_path(self) -> HotPath | None:
+        return max(self.hot_paths, key=lambda h: h.rank, default=None)
+
+
+def analyze(files: list[ChangedFile], hot: HotPaths | None, symbol: str | None = None) -> PatchSignals:
+    """Every signal of one patch's changed files."""
+    result = PatchSignals()
+    gate: tuple[str, str, list[Evidence]] | None = None
+    phase_words: list[tuple[str, str]] = []
+    for cf in files:
+        if cf.patch.binary:
+            continue
+        old, new = cf.old_module(), cf.new_module()
+        if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
+            result.signals.extend(text_signals(cf))
+            continue
+        if old is not None:
+            result.signals.extend(guards_removed(cf, old, new))
+        if new is not None:
+            result.signals.extend(precision(cf, new, old))
+        result.signals.extend(scale(cf, new, old, symbol))
+        if new is not None and gate is None:
+            gate = gating(cf, new)
+        funcs: list[tuple[Module, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+        if new is not None:
+            funcs += [(new, f) for f in new.functions_touching(cf.added)]
+        if old is not None:
+            names = {(new.qualname(f), f.name) for _, f in funcs} if new else set()
+            funcs += [(old, f) for f in old.functions_touching(cf.removed) if (old.qualname(f), f.name) not in names]
+        for mod, func in funcs:
+            phase_words.append((f"{mod.qualname(func)}.{func.name}", f"{cf.path}:{func.lineno}"))
+            if hot is not None:
+                result.hot_paths.append(hot.classify(mod, func))
+        for node in new.nodes_on_lines(cf.added) if new else []:
+            if isinstance(node, (ast.Name, ast.Attribute)):
+                phase_words.append((last_name(node) or "", f"{cf.path}:{node.lineno}"))
+        if new is not None:
+            for stmt in new.statements_touching(cf.added):
+                phase_words.extend((g.text, f"{cf.path}:{g.line}") for g in new.guards(stmt))
+    _summarize_hot(result)
+    _summarize_phases(result, phase_words)
+    if gate is not None:
+        kind, key, evidence = gate
+        result.detected_gate = (kind, key)
+        result.signals.append(Signal(GATING, f"the diff reads a switch: {kind} {key}".rstrip(), tuple(evidence)))
+    else:
+        result.signals.append(Signal(GATING, "the diff reads no env var, flag or config key: ungated in code"))
+    result.factors = sorted({s.data["factor"] for s in result.of(SCALE) if "factor" in s.data})
+    return result
+
+
+def _summarize_hot(result: PatchSignals) -> None:
+    best = result.best_hot_path
+    if best is None:
+        return
+    hot = [h for h in result.hot_paths if h.level not in (SETUP, UNKNOWN)]
+    summary = "; ".join(h.describe() for h in (hot or result.hot_paths))
+    evidence = tuple(Evidence(h.function.split(":")[0], 0, " ", " <- ".join(h.chain)) for h in result.hot_paths)
+    result.signals.append(Signal(HOT_PATH, f"{best.level}: {summary}", evidence, data={"level": best.level}))
+
+
+def _summarize_phases(result: PatchSignals, words: list[tuple[str, str]]) -> None:
+    decode = [(w, where) for w, where in words if _DECODE.search(w)]
+    prefill = [(w, where) for w, where in words if _PREFILL.search(w)]
+    if decode and not prefill:
+        result.phases, why = "decode", f"names on the changed path speak of decode/cache: {decode[0][0]}"
+    elif prefill and not decode:
+        result.phases, why = "prefill", f"names on the changed path speak of prefill/chunking: {prefill[0][0]}"
+    else:
+        result.phases, why = (
+            "both",
+            "no phase-specific name or branch on the changed path: a forward runs in prefill and decode",
+        )
+    ev = tuple(
+        Evidence(where.rsplit(":", 1)[0], int(where.rsplit(":", 1)[1]), " ", w) for w, where in (decode + prefill)[:4]
+    )
+    result.signals.append(
+        Signal(PHASES, f"{result.phases} (a guess: {why})", ev, guess=True, data={"phases": result.phases})
+    )

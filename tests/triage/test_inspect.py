@@ -1,0 +1,160 @@
+"""``speedtrap inspect`` against real processes started here: gates on, secrets redacted, bad pids."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from speedtrap.cli import app
+from speedtrap.triage import redact_argv, redact_env
+
+SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture
+def server() -> Iterator[subprocess.Popen[bytes]]:
+    """A stand-in for `speedtrap serve`: a real process with two patch env vars, a secret and a flag."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "SPEEDTRAP_SMOLMOE_MHC_BF16_GEMM": "1",
+        "SPEEDTRAP_SMOLMOE_FP8_KV_CACHE": "1",
+        "SPEEDTRAP_SMOLMOE_LM_HEAD_BF16": "0",
+        "HF_TOKEN": SECRET,
+        "SGLANG_ENABLE_SOMETHING": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--chunked-prefill-size", "256", "--api-key", "s3cr3t"],
+        env=env,
+    )
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_inspect_names_exactly_the_two_patches_and_redacts(server: subprocess.Popen[bytes]) -> None:
+    result = CliRunner().invoke(app, ["inspect", "--pid", str(server.pid), "--target", "smol-moe", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert sorted(data["patches_on"]) == ["fp8_kv_cache", "mhc_bf16_gemm"]
+    states = {g["patch"]: g["state"] for g in data["gates"]}
+    assert states["lm_head_bf16"] == "off" and states["hash_topk_routed_scaling"] == "unknown"
+    assert data["env"]["HF_TOKEN"] == "<redacted>" and "HF_TOKEN" in data["redacted"]
+    assert data["other_switches"] == {"SGLANG_ENABLE_SOMETHING": "1"}
+    assert SECRET not in result.output and "s3cr3t" not in result.output
+    assert data["argv"][-2:] == ["--api-key", "<redacted>"]
+    human = CliRunner().invoke(app, ["inspect", "--pid", str(server.pid)])
+    assert human.exit_code == 0 and "patches on: mhc_bf16_gemm, fp8_kv_cache" in human.output
+    assert SECRET not in human.output
+
+
+def test_inspect_with_a_manifest_reads_flags_too(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    manifest = tmp_path / "speedtrap.toml"
+    manifest.write_text(
+        textwrap.dedent(
+            """\
+        [[patches]]
+        name = "mhc"
+        env = { SPEEDTRAP_SMOLMOE_MHC_BF16_GEMM = "1" }
+        [[patches]]
+        name = "chunked"
+        args = ["--chunked-prefill-size=256"]
+        [[patches]]
+        name = "other_flag"
+        args = ["--enable-dp-attention"]
+        [[patches]]
+        name = "token_gate"
+        env = { HF_TOKEN = "1" }
+        """
+        )
+    )
+    result = CliRunner().invoke(app, ["inspect", "--pid", str(server.pid), "--manifest", str(manifest), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["patches_on"] == ["mhc", "chunked"]
+    assert SECRET not in result.output
+
+
+def test_pid_that_does_not_exist() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that existed and is gone
+    result = CliRunner().invoke(app, ["inspect", "--pid", str(proc.pid)])
+    assert result.exit_code == 2 and f"no process with pid {proc.pid}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_pid_that_is_not_readable(server: subprocess.Popen[bytes]) -> None:
+    if os.geteuid() != 0:
+        result = CliRunner().invoke(app, ["inspect", "--pid", "1"])
+        assert result.exit_code == 2 and "permission denied" in result.output
+        return
+    # As root everything is readable: read the root-owned server as the unprivileged user nobody.
+    python = shutil.which("python3.11", path="/usr/bin")
+    if python is None:
+        pytest.skip("no system python3.11 that user nobody can run")
+    code = (
+        "import sys\nfrom speedtrap._errors import SpeedtrapError\nfrom speedtrap.triage import read_process\n"
+        f"try:\n    read_process({server.pid})\nexcept SpeedtrapError as e:\n    print(e.one_line()); sys.exit(2)\n"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code],
+            env={"PYTHONPATH": str(SRC)},
+            user="nobody",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+    except PermissionError:
+        pytest.skip("cannot switch to user nobody here")
+    if "ModuleNotFoundError" in out.stderr or "Permission denied: '" in out.stderr:
+        pytest.skip(f"user nobody cannot import speedtrap from {SRC}")
+    assert out.returncode == 2, out.stderr
+    assert "permission denied (the process belongs to another user)" in out.stdout
+
+
+def test_bad_ssh_host_is_refused_before_running_ssh() -> None:
+    result = CliRunner().invoke(app, ["inspect", "--pid", "1", "--ssh", "-oProxyCommand=touch /tmp/x"])
+    assert result.exit_code == 2 and "is not a host name" in result.output
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+def test_unreachable_ssh_host_is_a_clear_error() -> None:
+    result = CliRunner().invoke(app, ["inspect", "--pid", "1", "--ssh", "nobody@127.0.0.1:1"])
+    assert result.exit_code == 2 and "ssh to nobody@127.0.0.1:1 failed" in result.output
+
+
+def test_redaction_rules() -> None:
+    env, hidden = redact_env(
+        {
+            "OPENAI_API_KEY": "x",
+            "DB_PASSWORD": "y",
+            "PLAIN": SECRET,
+            "HOME": "/root",
+            "PROXY": "http://user:pw@proxy:8080",
+            "SPEEDTRAP_X": "1",
+        }
+    )
+    assert hidden == ["DB_PASSWORD", "OPENAI_API_KEY", "PLAIN"]
+    assert env["HOME"] == "/root" and env["SPEEDTRAP_X"] == "1" and "pw@" not in env["PROXY"]
+    assert redact_argv(["serve", "--hf-token=abc", "--token", "t", "--model", "m", SECRET]) == [
+        "serve",
+        "--hf-token=<redacted>",
+        "--token",
+        "<redacted>",
+        "--model",
+        "m",
+        "<redacted>",
+    ]
