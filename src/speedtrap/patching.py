@@ -10,11 +10,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Protocol
 
 from speedtrap._errors import PatchError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Phase(enum.StrEnum):

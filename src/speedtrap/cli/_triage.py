@@ -18,7 +18,9 @@ PatchOpt = Annotated[
 ]
 RangeOpt = Annotated[str | None, typer.Option("--range", help="A git range A..B in --repo: one patch per commit.")]
 RepoOpt = Annotated[Path | None, typer.Option("--repo", help="The git repository for --range.")]
-ManifestOpt = Annotated[Path | None, typer.Option("--manifest", help="A speedtrap.toml with [[patches]] tables.")]
+ManifestOpt = Annotated[
+    Path | None, typer.Option("--manifest", help="A speedtrap.toml manifest that lists the patches and their switches.")
+]
 TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="A built-in target's patches: smol-moe.")]
 TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The source tree the patches apply to.")]
 SymbolOpt = Annotated[

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
-
-import torch
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from speedtrap.patching import Patch, PatchInfo, Undo, apply_patches, select_patches
+
+if TYPE_CHECKING:  # torch is imported where a model runs, so the CLI starts fast
+    from torch import Tensor, nn
 
 
 class CausalLM(Protocol):
@@ -62,10 +62,12 @@ class InProcessModel:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
-    @torch.inference_mode()
     def logits(self, ids: Sequence[int], cache: Any = None) -> Tensor:
         """Logits [tokens, vocab] of one sequence (cache, if given, grows in place)."""
-        out: Tensor = self.model(torch.tensor([list(ids)], dtype=torch.long), cache)
+        import torch
+
+        with torch.inference_mode():
+            out: Tensor = self.model(torch.tensor([list(ids)], dtype=torch.long), cache)
         return out[0]
 
     def new_cache(self) -> Any:

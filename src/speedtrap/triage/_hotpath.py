@@ -160,7 +160,8 @@ class HotPaths:
         for site in self.units.callers(name, file):
             if depth >= _MAX_DEPTH or (best_rank == _RANK[EVERY_LAYER] and not result[2]):
                 break
-            conds = tuple(site.module.describe_guard(g) for g in site.module.guards(site.node))
+            # Conditions that select where it is built; validation raises before it are left out.
+            conds = tuple(site.module.describe_guard(g) for g in site.module.guards(site.node) if g.how != "early exit")
             where = f"{site.file}:{site.node.lineno}"
             if self._in_loop(site):
                 level = SOME_LAYERS if conds else EVERY_LAYER

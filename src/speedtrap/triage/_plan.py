@@ -207,16 +207,25 @@ def render_plan(report: TriageReport, source_args: list[str] | None = None) -> s
 def _trace_section(report: TriageReport) -> list[str]:
     trace = report.trace
     assert trace is not None
+    involved = {x.file for d in trace.double_applications for x in (d.added, d.other)} | {s.file for s in trace.added}
+    rank = {"multiply": 0, "divide": 1}
+    shown = sorted(trace.sites, key=lambda s: (s.file not in involved, rank.get(s.role, 2), s.file, s.line))
     lines = [
         f"## Every site of `{trace.symbol}`",
         "",
-        f"{len(trace.sites)} sites in {trace.files_scanned} files (Python read as AST; rows marked text are a "
-        "line search).",
-        "",
-        "| Site | Function | Role | Guarded by |",
-        "|---|---|---|---|",
+        f"{len(trace.sites)} sites in the tree's {trace.files_scanned} files (Python read as AST; rows marked text "
+        "are a line search), and the sites the patches add.",
     ]
-    for s in trace.sites[:_MAX_SITES]:
+    if len(trace.sites) > _MAX_SITES:
+        lines.append(
+            f"Shown first: the files the patches touch or warn about, then multiplies and divides; all "
+            f"{len(trace.sites)} are in the JSON output (`--json`)."
+        )
+    lines += ["", "| Site | Function | Role | Guarded by |", "|---|---|---|---|"]
+    for s in trace.added:
+        guards = _md("; ".join(s.guards) or "unconditional")
+        lines.append(f"| `{s.where}` (after {s.patch}) | {_md(s.function)} | **{s.role}** (added) | {guards} |")
+    for s in shown[:_MAX_SITES]:
         role = s.role if s.method == "ast" else f"{s.role} ({s.method})"
         lines.append(f"| `{s.where}` | {_md(s.function)} | {role} | {_md('; '.join(s.guards) or '-')} |")
     if len(trace.sites) > _MAX_SITES:
