@@ -15,7 +15,11 @@ def known_targets() -> list[Target]:
 
 
 def resolve_target(spec: str) -> Target:
-    """A target by name: ``smol-moe``."""
+    """A target by name: ``smol-moe``, or ``hf:<model type | local directory | file.gguf>``."""
+    if spec.startswith("hf:"):
+        from speedtrap.targets.hf import HFTarget
+
+        return HFTarget(spec.removeprefix("hf:"))
     for target in known_targets():
         if target.name == spec:
             return target

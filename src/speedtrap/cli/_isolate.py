@@ -1,0 +1,108 @@
+"""``speedtrap bisect``: find the culprit patch sets, in-process (``--target``) or by relaunching servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from speedtrap._errors import UsageError
+from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.patching import parse_patch_list
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+@app.command("bisect")
+@user_errors
+def bisect_cmd(
+    target: Annotated[str | None, typer.Option("--target", "-t", help="An in-process target: smol-moe.")] = None,
+    manifest: Annotated[
+        Path | None, typer.Option("--manifest", "-m", help="A speedtrap.toml: a server launched per configuration.")
+    ] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Where trials, logs and the result are kept.")
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run in --run-dir.")] = False,
+    patches: Annotated[
+        str | None, typer.Option("--patches", "-p", help="--target: comma-separated patches to search (default all).")
+    ] = None,
+    prior: Annotated[
+        str | None, typer.Option("--prior", help="Likely suspects first, comma-separated (e.g. triage's tier 1).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="--target: a config override key=value (repeatable).")
+    ] = None,
+    probe: Annotated[str | None, typer.Option("--probe", help="--target: divergence (default) or recall.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="The figure the verdict reads.")] = None,
+    bound: Annotated[float | None, typer.Option("--bound", help="Fail above (or below) this value.")] = None,
+    repeats: Annotated[
+        int | None, typer.Option("--repeats", help="Extra trials for a verdict near the threshold.")
+    ] = None,
+    json: JsonOpt = False,
+) -> None:
+    """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
+    from speedtrap.isolate import Hooks, isolate
+    from speedtrap.isolate._defaults import build_manifest, default_run_dir
+
+    if (target is None) == (manifest is None):
+        raise UsageError("give exactly one of --target or --manifest", "e.g. --target smol-moe")
+    if manifest is not None and (patches or set_ or probe):
+        raise UsageError("--patches, --set and --probe are for --target", "write them in the manifest instead")
+    spec = build_manifest(
+        target, manifest, parse_patch_list(patches) or None, set_ or [], probe, metric, bound, repeats,
+        parse_patch_list(prior),
+    )  # fmt: skip
+    directory = run_dir or default_run_dir(spec)
+    err_console.print(f"run directory: {escape(str(directory))}", highlight=False)
+    with _progress() as bar:
+        trials = bar.add_task("trials", total=None)
+        suspects = bar.add_task("suspects left", total=max(1, len(spec.patches) or 8))
+
+        def on_trial(trial: object) -> None:
+            bar.advance(trials)
+
+        def on_search(state: object) -> None:
+            total = max(1, getattr(state, "total", 1))
+            left = int(getattr(state, "suspects_left", 0))
+            bar.update(suspects, total=total, completed=total - min(left, total))
+
+        result = isolate(spec, directory, resume=resume, hooks=Hooks(on_trial, on_search))
+    if json:
+        emit_json({"run_dir": str(directory), **result.to_json()})
+        return
+    _print(result)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+def _print(result: object) -> None:
+    from speedtrap.isolate import IsolateResult
+
+    assert isinstance(result, IsolateResult)
+    out_console.print(escape(result.summary()), highlight=False)
+    table = Table("trial", "configuration", "repeat", "outcome", "figures", "log")
+    for t in result.trials:
+        figures = ", ".join(f"{k}={v:.4g}" for k, v in list(t.figures.items())[:4])
+        table.add_row(
+            str(t.index) + (" (stored)" if t.reused else ""),
+            "+".join(t.config) or "(baseline)",
+            str(t.repeat),
+            t.outcome.value if t.outcome else f"failed: {t.error}",
+            figures,
+            t.log_path or "",
+        )
+    out_console.print(table)

@@ -1,0 +1,189 @@
+"""``speedtrap diff layers`` and ``speedtrap check scale``: where the numbers go wrong, and why."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Column, Table
+
+from speedtrap._errors import UsageError
+from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.patching import names_switched_on, parse_patch_list
+from speedtrap.targets import InProcessModel, resolve_target
+
+diff_app = typer.Typer(
+    help="Compare a patched configuration with the baseline, module by module.", no_args_is_help=True
+)
+app.add_typer(diff_app, name="diff")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+TargetOpt = Annotated[
+    str,
+    typer.Option("--target", "-t", help="smol-moe, hf:<model type> (deepseek_v4, ...), hf:<dir> or hf:<file.gguf>."),
+]
+PatchesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--patches",
+        "-p",
+        help="Comma-separated patch names or user patches (module:function, file.py:function); "
+        "default: those whose gate is on in the environment.",
+    ),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Config override KEY=VALUE (repeatable), e.g. routed_scaling_factor=1.5."),
+]
+TokensOpt = Annotated[int, typer.Option("--tokens", help="Input length in tokens (fixed prose, or seeded ids).")]
+
+
+def _overrides(pairs: list[str] | None) -> dict[str, str]:
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {pair!r} is not KEY=VALUE", "e.g. --set routed_scaling_factor=1.5")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_with_patches(target: str, patches: str | None, overrides: dict[str, str]) -> tuple[InProcessModel, list[str]]:
+    """Load a target; user patches (``module:function``) join its catalogue. Returns the patch names."""
+    from speedtrap.localize import is_entry_point, load_user_patch
+    from speedtrap.targets.smolmoe import SmolMoETarget
+
+    resolved = resolve_target(target)
+    names = parse_patch_list(patches)
+    user = [load_user_patch(n) for n in names if is_entry_point(n)]  # import errors before the slow load
+    if isinstance(resolved, SmolMoETarget):
+        model = resolved.load(overrides or None, extra_patches=True)
+    else:
+        model = resolved.load(overrides or None)
+    if user:
+        model.catalog = [*model.catalog, *user]
+    if patches is None:
+        names = names_switched_on(model.patch_infos(), os.environ, model.config)
+    return model, names
+
+
+@diff_app.command("layers")
+@user_errors
+def diff_layers_cmd(
+    target: TargetOpt = "smol-moe",
+    patches: PatchesOpt = None,
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="Patches on in both runs (the reference configuration).")
+    ] = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help="rel_diff above which a module has diverged (default 1e-8).")
+    ] = None,
+    tokens: TokensOpt = 128,
+    decode: Annotated[
+        int, typer.Option("--decode", help="Feed the last N tokens one by one through the KV cache.")
+    ] = 0,
+    dump: Annotated[
+        Path | None, typer.Option("--dump", help="Write every compared tensor pair here (safetensors).")
+    ] = None,
+    set_: SetOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Run baseline and patched on the same tokens; name the first module whose output diverges."""
+    from speedtrap.localize import DEFAULT_THRESHOLD, default_ids, layer_diff
+
+    with err_console.status(f"loading {target}"):
+        model, names = load_with_patches(target, patches, _overrides(set_))
+    if not names:
+        raise UsageError("no patches to compare", "pass --patches a,b (or switch a patch on by its env var)")
+    base = parse_patch_list(baseline)
+    ids = default_ids(model, tokens)
+    with err_console.status(f"comparing {len(ids)} tokens module by module: {', '.join(names)}"):
+        result = layer_diff(
+            model, names, ids, baseline=base, threshold=threshold or DEFAULT_THRESHOLD, decode_tokens=decode, dump=dump
+        )
+    if json:
+        emit_json(result.to_json())
+        return
+    if result.first_divergent is None:
+        out_console.print(
+            f"[green]no module over rel_diff {result.threshold:g}[/] ({len(result.modules)} modules, "
+            f"{result.tokens} tokens, patches {list(result.patches)})",
+            soft_wrap=True,
+        )
+    else:
+        first = result.module(result.first_divergent)
+        out_console.print(
+            f"[red]first divergent module:[/] {first.name}  rel_diff {first.rel_diff:.3g}, "
+            f"max |diff| {first.max_abs_diff:.3g}, cosine {first.cosine:.9f} (threshold {result.threshold:g})",
+            soft_wrap=True,
+        )
+    table = Table(
+        Column("module", overflow="fold"), "status", "rel_diff", "max |diff|", "cosine", title="over the threshold"
+    )
+    for m in result.over_threshold()[:20]:
+        table.add_row(m.name, m.status, f"{m.rel_diff:.3g}", f"{m.max_abs_diff:.3g}", f"{m.cosine:.9f}")
+    if result.over_threshold():
+        out_console.print(table)
+    growth = Table("layer", "block output rel_diff", "largest inside", title="error growth across layers")
+    for g in result.growth:
+        growth.add_row(str(g.layer), "-" if g.rel_diff is None else f"{g.rel_diff:.3g}", f"{g.max_rel_diff:.3g}")
+    out_console.print(growth)
+    skipped = [m for m in result.modules if m.status != "compared"]
+    if skipped:
+        out_console.print(f"{len(skipped)} modules not compared (other shapes or no counterpart); see --json")
+
+
+@check_app.command("scale")
+@user_errors
+def check_scale_cmd(
+    target: TargetOpt = "smol-moe",
+    param: Annotated[str, typer.Option("--param", help="The config scalar to check.")] = "routed_scaling_factor",
+    patches: PatchesOpt = None,
+    values: Annotated[
+        str | None, typer.Option("--values", help="Comma-separated values of the scalar (default: 0.5x..4x nominal).")
+    ] = None,
+    tokens: TokensOpt = 64,
+    set_: SetOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """How many times is a config scalar applied? The exponent of each consumer's output in it."""
+    from speedtrap.localize import check_scale, default_ids
+
+    chosen = _floats(values)
+    with err_console.status(f"loading {target}"):
+        model, names = load_with_patches(target, patches, _overrides(set_))
+    ids = default_ids(model, tokens)
+    with err_console.status(f"re-parametrizing {param} with patches {names or 'none'}"):
+        result = check_scale(model, ids, param, patches=names, values=chosen)
+    if json:
+        emit_json(result.to_json())
+        return
+    table = Table(
+        Column("module", overflow="fold"), "exponent", "fit residual", "shape residual", "verdict", "consumers"
+    )
+    for u in result.units:
+        table.add_row(
+            u.module,
+            "-" if u.exponent is None else f"{u.exponent:.4f}",
+            "-" if u.fit_residual is None else f"{u.fit_residual:.1e}",
+            "-" if u.shape_residual is None else f"{u.shape_residual:.1e}",
+            u.verdict,
+            ", ".join(c.module.rsplit(".", 1)[-1] for c in u.consumers) or "(pinned)",
+        )
+    out_console.print(table)
+    verdict = "[green]applied exactly once everywhere[/]" if result.exactly_once else "[red]NOT applied exactly once[/]"
+    out_console.print(
+        f"{param} = {result.nominal:g}: {verdict} (values {list(result.values)}, patches {list(result.patches)})",
+        soft_wrap=True,
+    )
+
+
+def _floats(text: str | None) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(v) for v in parse_patch_list(text)]
+    except ValueError:
+        raise UsageError(f"--values {text!r} is not a comma-separated list of numbers", "e.g. --values 1,2,4") from None

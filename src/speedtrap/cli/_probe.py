@@ -1,0 +1,240 @@
+"""``speedtrap probe recall`` and ``speedtrap probe divergence``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from speedtrap._errors import UsageError
+from speedtrap.cli import _serve as _serve  # registers `speedtrap serve`
+from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+
+if TYPE_CHECKING:
+    from speedtrap.probe import Backend, DivergenceReport, RecallReport
+
+probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// base URL.")]
+ModelOpt = Annotated[str, typer.Option("--model", help="The model name on the server (default: its first).")]
+PatchesOpt = Annotated[
+    str | None,
+    typer.Option("--patches", "-p", help="smol-moe patches a,b (default: those whose env var is on)."),
+]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="smol-moe config override key=value (repeatable).")]
+LengthsOpt = Annotated[str | None, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed of the planted values and filler order.")]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", help="HTTP requests in flight.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
+RetriesOpt = Annotated[int, typer.Option("--retries", help="HTTP retries (connection errors, 5xx, timeouts).")]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="Start from the quick preset (a CI-sized grid).")]
+ApiOpt = Annotated[str, typer.Option("--api", help="Prompt-logprob dialect: openai, vllm or sglang.")]
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--{what} must be integers, comma-separated: {text!r}", f"pass --{what} 256,512") from None
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--{what} must be numbers, comma-separated: {text!r}", f"pass --{what} 0.1,0.9") from None
+
+
+def _is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retries: int = 4) -> Backend:
+    from speedtrap.probe import HttpBackend
+
+    if api not in {"openai", "vllm", "sglang"}:
+        raise UsageError(f"unknown --api {api!r}", "choose openai, vllm or sglang")
+    key = os.environ.get("SPEEDTRAP_API_KEY")  # sent as a bearer token, never printed
+    return HttpBackend(
+        url, model, concurrency=concurrency, timeout=timeout, retries=retries, api=api, api_key=key  # type: ignore[arg-type]
+    )
+
+
+def _load_smol(target: str, overrides: list[str] | None) -> Any:
+    from speedtrap.serve import parse_overrides
+    from speedtrap.targets import resolve_target
+    from speedtrap.targets.smolmoe import SmolMoETarget
+
+    resolved = resolve_target(target)
+    with err_console.status(f"loading {target}"):
+        if isinstance(resolved, SmolMoETarget):
+            return resolved.load(parse_overrides(overrides or []), extra_patches=True)
+        return resolved.load(parse_overrides(overrides or []))
+
+
+def _patch_names(model: Any, patches: str | None) -> list[str]:
+    from speedtrap.patching import names_switched_on, parse_patch_list
+
+    return parse_patch_list(patches) if patches is not None else names_switched_on(model.patch_infos(), os.environ)
+
+
+@probe_app.command("recall")
+@user_errors
+def recall_cmd(
+    target: TargetOpt = "smol-moe",
+    patches: PatchesOpt = None,
+    lengths: LengthsOpt = None,
+    depths: Annotated[str | None, typer.Option("--depths", help="Fact depths in [0, 1], e.g. 0.1,0.5,0.9.")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Conversations per length.")] = None,
+    seed: SeedOpt = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Answer length cap.")] = None,
+    results: Annotated[Path | None, typer.Option("--results", help="Write samples here as they finish.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish the samples missing from --results.")] = False,
+    model: ModelOpt = "",
+    set_: SetOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    timeout: TimeoutOpt = 600.0,
+    retries: RetriesOpt = 4,
+    quick: QuickOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    """Planted-fact recall over a grid of prompt length x fact depth (options override the preset)."""
+    from speedtrap.probe import InProcessBackend, RecallSettings, run_recall
+
+    settings = RecallSettings.quick() if quick else RecallSettings()
+    changes: dict[str, Any] = {}
+    if lengths:
+        changes["lengths"] = _ints(lengths, "lengths")
+    if depths:
+        changes["depths"] = _floats(depths, "depths")
+    for key, value in (("samples", samples), ("seed", seed), ("max_new_tokens", max_new_tokens)):
+        if value is not None:
+            changes[key] = value
+    settings = replace(settings, **changes)
+    if resume and results is None:
+        raise UsageError("--resume needs --results", "pass --results PATH of the interrupted run")
+    backend: Backend
+    if _is_url(target):
+        if patches or set_:
+            raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
+        backend = _http(target, model, concurrency, timeout, "openai", retries)
+        asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
+    else:
+        loaded = _load_smol(target, set_)
+        backend = InProcessBackend(loaded, _patch_names(loaded, patches))
+    report = run_recall(backend, settings, results_path=results, resume=resume, progress=True)
+    if json:
+        emit_json(report.to_json())
+        return
+    _print_recall(report)
+
+
+def _print_recall(report: RecallReport) -> None:
+    table = Table("length", "depth", "n", "accuracy", "95% interval", "prompt tokens", title=f"recall {report.backend}")
+    for c in report.cells:
+        table.add_row(str(c.length), f"{c.depth:g}", str(c.n), f"{c.accuracy:.2f}", f"{c.low:.2f}-{c.high:.2f}",
+                      str(c.prompt_tokens))  # fmt: skip
+    out_console.print(table)
+    o = report.overall
+    out_console.print(
+        f"overall {o.correct}/{o.n} = {o.accuracy:.2f} (95% {o.low:.2f}-{o.high:.2f}) in {report.elapsed_s:.1f} s",
+        highlight=False,
+    )
+
+
+@probe_app.command("divergence")
+@user_errors
+def divergence_cmd(
+    target: TargetOpt = "smol-moe",
+    patches: PatchesOpt = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="smol-moe: baseline patches a,b (default none); URL target: the baseline URL."),
+    ] = None,
+    lengths: LengthsOpt = None,
+    sequences: Annotated[int | None, typer.Option("--sequences", help="Sequences per length.")] = None,
+    decode_tokens: Annotated[int | None, typer.Option("--decode-tokens", help="Tail fed one token at a time.")] = None,
+    bucket_size: Annotated[int | None, typer.Option("--bucket-size", help="Positions per report bucket.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Logprobs asked of a server.")] = None,
+    seed: SeedOpt = None,
+    model: ModelOpt = "",
+    baseline_model: Annotated[str, typer.Option("--baseline-model", help="Model name on the baseline server.")] = "",
+    set_: SetOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    timeout: TimeoutOpt = 600.0,
+    retries: RetriesOpt = 4,
+    api: ApiOpt = "openai",
+    quick: QuickOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    """Teacher-forced divergence of a configuration from the baseline, by position, prefill and decode."""
+    from speedtrap.patching import parse_patch_list
+    from speedtrap.probe import DivergenceSettings, InProcessBackend, run_divergence
+
+    settings = DivergenceSettings.quick() if quick else DivergenceSettings()
+    changes: dict[str, Any] = {}
+    if lengths:
+        changes["lengths"] = _ints(lengths, "lengths")
+    for key, value in (
+        ("sequences", sequences), ("decode_tokens", decode_tokens), ("bucket_size", bucket_size),
+        ("top_k", top_k), ("seed", seed),
+    ):  # fmt: skip
+        if value is not None:
+            changes[key] = value
+    settings = replace(settings, **changes)
+    base: Backend
+    cand: Backend
+    if _is_url(target):
+        if not baseline or not _is_url(baseline):
+            raise UsageError("a URL target needs --baseline URL of the baseline server", "pass --baseline http://...")
+        if patches or set_:
+            raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
+        cand = _http(target, model, concurrency, timeout, api, retries)
+        base = _http(baseline, baseline_model, concurrency, timeout, api, retries)
+        asyncio.run(_connect(cand, base))
+    else:
+        if baseline and _is_url(baseline):
+            raise UsageError("--baseline is a list of patches for an in-process target", "pass --baseline a,b")
+        loaded = _load_smol(target, set_)
+        base = InProcessBackend(loaded, parse_patch_list(baseline))
+        cand = InProcessBackend(loaded, _patch_names(loaded, patches))
+    report = run_divergence(base, cand, settings, progress=True)
+    asyncio.run(_close(base, cand))
+    if json:
+        emit_json(report.to_json())
+        return
+    _print_divergence(report)
+
+
+async def _connect(*backends: Backend) -> None:
+    for b in backends:
+        connect = getattr(b, "connect", None)
+        if connect is not None:
+            await connect()
+
+
+async def _close(*backends: Backend) -> None:
+    for b in backends:
+        await b.aclose()
+
+
+def _print_divergence(report: DivergenceReport) -> None:
+    for phase, div in report.phases.items():
+        table = Table(
+            "positions", "tokens", "KL mean", "median", "p90", "p99", "max", "same top-1", "RMS dp",
+            title=f"{phase}: {report.candidate} vs {report.baseline}",
+        )  # fmt: skip
+        rows = [("all", div.overall), *((f"{b.start}-{b.end - 1}", b.stats) for b in div.by_bucket)]
+        for label, s in rows:
+            table.add_row(label, str(s.tokens), f"{s.kl_mean:.3g}", f"{s.kl_median:.3g}", f"{s.kl_p90:.3g}",
+                          f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
+        out_console.print(table)
+    if report.approximation:
+        err_console.print(f"note: {report.approximation}", highlight=False)

@@ -1,0 +1,29 @@
+"""``speedtrap serve``: an OpenAI-compatible server for an in-process target."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from speedtrap.cli._app import app, user_errors
+
+
+@app.command("serve")
+@user_errors
+def serve_cmd(
+    target: Annotated[str, typer.Option("--target", "-t", help="The in-process target to serve.")] = "smol-moe",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Listen address (loopback by default).")] = "127.0.0.1",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="A config override key=value (repeatable), e.g. a config-gated patch's key."),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The model name to serve (default: the target's).")] = None,
+    prefix_cache: Annotated[int, typer.Option("--prefix-cache", help="Conversation prefixes kept cached.")] = 8,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads (default: torch's).")] = None,
+) -> None:
+    """Serve a target over HTTP; patches are switched on by their env vars (and --set config keys) at launch."""
+    from speedtrap.serve import parse_overrides, serve
+
+    serve(target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads)

@@ -1,0 +1,98 @@
+"""Isolate: find the minimal patch sets that break a stack, relaunching it per configuration.
+
+::
+
+    from speedtrap.isolate import isolate, load_isolate_manifest
+    result = isolate(load_isolate_manifest(Path("speedtrap.toml")), Path("runs/x"))
+    print(result.summary())
+"""
+
+from __future__ import annotations
+
+from speedtrap.isolate._evaluate import Evaluator
+from speedtrap.isolate._executor import (
+    Executor,
+    LocalExecutor,
+    Measurement,
+    Oracle,
+    TrialOutcome,
+    TrialRequest,
+    run_trial,
+)
+from speedtrap.isolate._launch import CommandNotFound, LaunchSpec, Server, free_port, launch
+from speedtrap.isolate._manifest import (
+    IsolateManifest,
+    PatchSpec,
+    ProbeSpec,
+    TargetSpec,
+    VerdictSpec,
+    load_isolate_manifest,
+    parse_manifest,
+)
+from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
+from speedtrap.isolate._relations import Relations, minimal_transversals
+from speedtrap.isolate._results import (
+    CulpritSet,
+    Interaction,
+    InteractionKind,
+    IsolateResult,
+    Judgement,
+    Outcome,
+    Status,
+    Trial,
+    Verdict,
+)
+from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec, wilson
+from speedtrap.isolate._run import Hooks, isolate, load_in_process, manifest_for_target
+from speedtrap.isolate._search import Search, SearchProgress
+from speedtrap.isolate._store import TrialStore, trial_key
+
+__all__ = [
+    "CommandNotFound",
+    "CulpritSet",
+    "Evaluator",
+    "Executor",
+    "FunctionOracle",
+    "Hooks",
+    "InProcessOracle",
+    "Interaction",
+    "InteractionKind",
+    "IsolateManifest",
+    "IsolateResult",
+    "Judgement",
+    "LaunchSpec",
+    "LocalExecutor",
+    "Measurement",
+    "Oracle",
+    "Outcome",
+    "PatchSpec",
+    "ProbeSpec",
+    "RecallDropRule",
+    "Relations",
+    "Rule",
+    "Search",
+    "SearchProgress",
+    "Server",
+    "ServerOracle",
+    "Status",
+    "TargetSpec",
+    "ThresholdRule",
+    "Trial",
+    "TrialOutcome",
+    "TrialRequest",
+    "TrialStore",
+    "Verdict",
+    "VerdictSpec",
+    "free_port",
+    "isolate",
+    "launch",
+    "load_in_process",
+    "load_isolate_manifest",
+    "manifest_for_target",
+    "minimal_transversals",
+    "parse_manifest",
+    "rule_from_spec",
+    "run_trial",
+    "trial_key",
+    "wilson",
+]

@@ -1,0 +1,67 @@
+"""What ``speedtrap bisect`` uses when the command line leaves it open: probe, verdict, run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from speedtrap._errors import UsageError
+from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec, load_isolate_manifest
+from speedtrap.isolate._run import manifest_for_target
+from speedtrap.isolate._store import stable_hash
+
+RUNS_DIR = "speedtrap-runs"
+
+# In-process default: teacher-forced divergence (cheap, sees prefill and decode), failing on the
+# worst phase's p99 KL. Measured on smol-moe: see the README's isolate section.
+DEFAULT_PROBE = ProbeSpec(kind="divergence", preset="quick")
+DEFAULT_VERDICT = VerdictSpec(rule="threshold", metric="worst.kl_p99", bound=1.0, direction="above", near=0.25)
+RECALL_VERDICT = VerdictSpec(rule="recall_drop", metric="accuracy", direction="below")
+
+
+def build_manifest(
+    target: str | None,
+    manifest: Path | None,
+    patches: Sequence[str] | None,
+    sets: Sequence[str],
+    probe: str | None,
+    metric: str | None,
+    bound: float | None,
+    repeats: int | None,
+    prior: Sequence[str],
+) -> IsolateManifest:
+    """The manifest of a ``bisect`` command line (``--manifest FILE`` or ``--target NAME`` + options)."""
+    if manifest is not None:
+        spec = load_isolate_manifest(manifest)
+    else:
+        overrides = {}
+        for item in sets:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"--set {item!r} is not key=value", "write e.g. --set routed_scaling_factor=1.5")
+            overrides[key.strip()] = value.strip()
+        if probe not in (None, "divergence", "recall"):
+            raise UsageError(f"--probe {probe!r} is not divergence or recall", "choose --probe divergence")
+        probe_spec = dataclasses.replace(DEFAULT_PROBE, kind=probe or "divergence")
+        verdict = RECALL_VERDICT if probe == "recall" else DEFAULT_VERDICT
+        spec = manifest_for_target(str(target), patches, overrides, probe_spec, verdict, prior)
+    verdict = spec.verdict
+    if metric is not None:
+        verdict = dataclasses.replace(verdict, metric=metric)
+    if bound is not None:
+        verdict = dataclasses.replace(verdict, bound=bound)
+    if repeats is not None:
+        if repeats < 0:
+            raise UsageError(f"--repeats {repeats} is negative", "give 0 or more")
+        verdict = dataclasses.replace(verdict, repeats=repeats)
+    if prior and manifest is not None:
+        spec = dataclasses.replace(spec, prior=tuple(prior))
+    return dataclasses.replace(spec, verdict=verdict)
+
+
+def default_run_dir(spec: IsolateManifest) -> Path:
+    """``speedtrap-runs/bisect-<target>-<hash>``: the same command line finds its earlier trials again."""
+    name = spec.target.name or Path(spec.target.launch[0]).name
+    digest = stable_hash({k: v for k, v in spec.to_json().items() if k != "path"})[:10]
+    return Path(RUNS_DIR) / f"bisect-{name}-{digest}"

@@ -1,0 +1,105 @@
+"""How trials run: an :class:`Executor` takes a batch of independent trials and reports each as it ends.
+
+The local executor runs them one after another (capacity 1). An executor with more capacity (a
+Ray cluster, one server per trial) runs a batch at once; the search then proposes several
+independent candidates per round, and with capacity 1 it proposes exactly the ones it would have
+tested one by one, so the launch count does not change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from speedtrap._errors import ProbeError, ServerError
+from speedtrap.isolate._launch import CommandNotFound
+from speedtrap.isolate._results import Config
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """One trial to run: a canonical configuration, the repeat number and where its files go."""
+
+    config: Config
+    repeat: int
+    workdir: Path | None  # None: the oracle keeps no files (simulated oracles)
+    label: str  # e.g. "trial-0007": log and report file names start with it
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one probe run reports."""
+
+    figures: dict[str, float]
+    log_path: str | None = None
+    report_path: str | None = None
+    launch_s: float = 0.0
+    probe_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A finished trial: figures, or the error of its last attempt (with that attempt's log)."""
+
+    measurement: Measurement | None
+    error: str | None
+    log_path: str | None
+    attempts: int
+    started: float
+    finished: float
+
+
+class Oracle(Protocol):
+    """Measures one configuration; ``identity`` names everything the figures depend on except it."""
+
+    def identity(self) -> dict[str, object]: ...
+
+    def measure(self, request: TrialRequest, attempt: int) -> Measurement: ...
+
+    def close(self) -> None: ...
+
+
+def run_trial(oracle: Oracle, request: TrialRequest, retries: int) -> TrialOutcome:
+    """Run one trial; a server that dies or a probe that fails is retried ``retries`` times.
+
+    A command that cannot be started at all (:class:`CommandNotFound`) is not retried: it ends the
+    run. Other errors are bugs or bad input and propagate.
+    """
+    started = time.time()
+    last_error, last_log = "", None
+    for attempt in range(1, retries + 2):
+        try:
+            measurement = oracle.measure(request, attempt)
+        except CommandNotFound:
+            raise
+        except (ServerError, ProbeError) as exc:
+            last_error = exc.one_line()
+            last_log = getattr(exc, "log_path", None)
+            continue
+        return TrialOutcome(measurement, None, measurement.log_path, attempt, started, time.time())
+    return TrialOutcome(None, last_error, last_log, retries + 1, started, time.time())
+
+
+class Executor(Protocol):
+    capacity: int
+
+    def run(
+        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+    ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
+        """Run every request; yield each as soon as it ends (the caller commits it right away)."""
+        ...
+
+
+class LocalExecutor:
+    """Runs trials one by one in this process."""
+
+    capacity = 1
+
+    def run(
+        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+    ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
+        for request in requests:
+            yield request, work(request)

@@ -1,0 +1,70 @@
+"""Small checkers for manifest fields; each error names the field and says how to fix it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import ManifestError
+
+
+def table(data: Mapping[str, Any], key: str, required: bool = False) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise ManifestError(f"manifest has no [{key}] table", f"add a [{key}] table")
+        return {}
+    if not isinstance(value, dict):
+        raise ManifestError(f"{key} must be a table", f"write [{key}]")
+    return value
+
+
+def no_unknown(table: Mapping[str, Any], known: set[str], prefix: str, where: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ManifestError(f"{prefix}{key} is not a known field of {where}", f"use: {', '.join(sorted(known))}")
+
+
+def str_table(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ManifestError(f'{where} must be a table of NAME = "value"', 'write e.g. { VAR = "1" }')
+    out = []
+    for k, v in value.items():
+        if isinstance(v, bool):
+            out.append((k, str(v).lower()))
+        elif isinstance(v, (str, int, float)):
+            out.append((k, str(v)))
+        else:
+            raise ManifestError(f"{where}.{k} must be a string", "quote the value")
+    return tuple(out)
+
+
+def str_list(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ManifestError(f"{where} must be a list of strings", f'write {where.rsplit(".", 1)[-1]} = ["..."]')
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ManifestError(f"{where}[{i}] must be a string, not {type(item).__name__}", "quote it")
+    return list(value)
+
+
+def number(value: Any, where: str, allow_zero: bool = False, allow_negative: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ManifestError(f"{where} must be a number, not {value!r}", f"write {where.rsplit('.', 1)[-1]} = 1.0")
+    if value < 0 and not allow_negative:
+        raise ManifestError(f"{where} must not be negative ({value})", "give a positive number")
+    if value == 0 and not allow_zero:
+        raise ManifestError(f"{where} must be above zero", "give a positive number")
+    return float(value)
+
+
+def integer(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ManifestError(f"{where} must be an integer >= {minimum}, not {value!r}", f"write {where} = {minimum}")
+    return value
+
+
+def resolve(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p

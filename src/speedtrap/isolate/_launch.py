@@ -1,0 +1,185 @@
+"""Start a server for one trial, wait for it to be healthy, stop it; its log is kept.
+
+The command is an argv list run without a shell, in its own process group (so that SIGTERM and
+then SIGKILL reach the workers a server forks). Stdout and stderr go to one log file per trial;
+every error names that file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from speedtrap._errors import ServerError
+
+_POLL_S = 0.2
+
+
+class CommandNotFound(ServerError):
+    """The launch command cannot be executed at all: no trial can run, so the search stops."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def render(template: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """Replace ``{name}`` placeholders literally (no format mini-language, so braces elsewhere survive)."""
+    out = []
+    for arg in template:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One server process: argv (placeholders already filled), its full environment, how to check it."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    health_url: str
+    start_timeout: float = 120.0
+    stop_timeout: float = 10.0
+    cwd: Path | None = None
+
+
+class Server:
+    """A running server process with its log; a context manager that always stops it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], spec: LaunchSpec, log_path: Path, port: int = 0) -> None:
+        self.proc = proc
+        self.spec = spec
+        self.log_path = log_path
+        self.port = port
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def died(self) -> ServerError | None:
+        """A ServerError naming the exit code and the log if the process has exited, else None."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        return ServerError(
+            f"the server exited ({how}) during the trial; read its log: {self.log_path}",
+            "check the log; a crash that repeats for one configuration is reported as a failed trial",
+        )
+
+    def stop(self) -> int | None:
+        """SIGTERM to the process group, then SIGKILL after ``stop_timeout``; returns the exit code."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.wait(self.spec.stop_timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc, signal.SIGKILL)
+                self.proc.wait(10)
+        # Workers the server forked may outlive it; the group is ours, so make sure they are gone.
+        _signal_group(self.proc, signal.SIGKILL)
+        return self.proc.returncode
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
+    """Start the process (no shell, own session), logging to ``log_path``; does not wait for health."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(spec.argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(  # noqa: S603  (argv list from the manifest, never a shell)
+                list(spec.argv),
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise CommandNotFound(
+                f"target.launch[0]: command {spec.argv[0]!r} not found",
+                "give the full path of the server program, or install it",
+            ) from None
+        except PermissionError:
+            raise CommandNotFound(
+                f"target.launch[0]: {spec.argv[0]!r} is not executable", "check the path and its permissions"
+            ) from None
+        except OSError as exc:
+            raise CommandNotFound(
+                f"target.launch: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"
+            ) from None
+    return Server(proc, spec, log_path, port)
+
+
+def wait_healthy(server: Server) -> float:
+    """Poll the health URL until it answers 200; returns the seconds it took. Stops the server on failure."""
+    spec = server.spec
+    deadline = time.monotonic() + spec.start_timeout
+    last = "no answer yet"
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while True:
+            died = server.died()
+            if died is not None:
+                code = server.proc.returncode
+                server.stop()
+                raise ServerError(
+                    f"the server exited (code {code}) before it became healthy; read its log: {server.log_path}",
+                    "fix the launch command or the patch's switches; the log says why it stopped",
+                )
+            try:
+                response = client.get(spec.health_url)
+                if response.status_code == 200:
+                    return time.monotonic() - server.started
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if time.monotonic() >= deadline:
+                server.stop()
+                raise ServerError(
+                    f"the server did not become healthy at {spec.health_url} within {spec.start_timeout:g} s "
+                    f"(last: {last}); read its log: {server.log_path}",
+                    "check target.health and target.start_timeout, and the log",
+                )
+            time.sleep(_POLL_S)
+
+
+def launch(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
+    """Start a server and wait until it is healthy (or raise a ServerError naming its log)."""
+    server = start(spec, log_path, port)
+    wait_healthy(server)
+    return server

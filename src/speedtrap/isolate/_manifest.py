@@ -1,0 +1,353 @@
+"""``speedtrap.toml``: the target, its patches, the probe and the verdict rule that isolate reads.
+
+The ``[[patches]]`` tables are the ones triage reads too (name, env, args, config, diff, gate,
+summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[probe]``,
+``[verdict]`` and ``[search]`` tables::
+
+    [target]                       # either an in-process target ...
+    name = "smol-moe"
+    overrides = { routed_scaling_factor = "2.5" }
+    # ... or a server launched per configuration (argv, never a shell):
+    launch = ["python", "-m", "llama_cpp.server", "--model", "{model}", "--port", "{port}"]
+    model = "models/x.gguf"        # fills {model}; relative to the manifest
+    health = "http://127.0.0.1:{port}/v1/models"
+    served_model = "x"             # the model name the API expects
+    start_timeout = 120            # seconds until healthy
+    stop_timeout = 10              # seconds between SIGTERM and SIGKILL
+    env = { OMP_NUM_THREADS = "2" }
+    config_args = ["--set", "{key}={value}"]   # how a config-gated patch becomes launch arguments
+    retries = 1                    # relaunches of a trial whose server dies
+
+    [[patches]]
+    name = "fp8_kv_cache"
+    env = { SPEEDTRAP_SMOLMOE_FP8_KV_CACHE = "1" }
+    args = ["--type_k", "8"]
+    requires = []                  # patches that must be on with it
+    conflicts = []                 # patches that cannot be on with it
+    gate = "ungated"               # compiled in: listed, always on, never toggled
+
+    [probe]
+    kind = "divergence"            # divergence | recall | command
+    preset = "quick"               # start from the probe's quick settings
+    settings = { ... }             # fields of the probe's settings, by name
+    argv = ["python", "eval.py", "{base_url}"]  # kind = "command": prints one JSON object of figures
+
+    [verdict]
+    rule = "threshold"             # threshold | recall_drop
+    metric = "decode.kl_p99"       # a figure the probe reports
+    bound = 0.5
+    direction = "above"            # fail when the metric is above (or below) the bound
+    near = 0.25                    # relative band around the bound that is repeated
+    repeats = 2                    # extra trials for a verdict near the threshold
+
+    [search]
+    prior = ["hash_topk_routed_scaling"]   # likely suspects first (triage's tiers)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import ManifestError
+from speedtrap.isolate._fields import integer, no_unknown, number, resolve, str_list, str_table, table
+from speedtrap.isolate._spec import (
+    DEFAULT_HEALTH,
+    DIRECTIONS,
+    PROBE_KINDS,
+    RULES,
+    IsolateManifest,
+    PatchSpec,
+    ProbeSpec,
+    TargetSpec,
+    VerdictSpec,
+)
+
+__all__ = [
+    "IsolateManifest",
+    "PatchSpec",
+    "ProbeSpec",
+    "TargetSpec",
+    "VerdictSpec",
+    "check_relations",
+    "load_isolate_manifest",
+    "parse_manifest",
+]
+
+_TARGET_KEYS = {
+    "name",
+    "overrides",
+    "launch",
+    "model",
+    "health",
+    "served_model",
+    "start_timeout",
+    "stop_timeout",
+    "env",
+    "config_args",
+    "retries",
+    "cwd",
+}
+# kind / scope / phases are facts a patch's author may declare for triage; isolate ignores them.
+_PATCH_KEYS = {
+    "name",
+    "env",
+    "args",
+    "config",
+    "diff",
+    "gate",
+    "summary",
+    "requires",
+    "conflicts",
+    "kind",
+    "scope",
+    "phases",
+}
+_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout"}
+_VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
+_SEARCH_KEYS = {"prior", "parallel"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and checking.
+
+
+def load_isolate_manifest(path: Path) -> IsolateManifest:
+    """Read and check a manifest; every problem is a :class:`ManifestError` naming the field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"manifest {str(path)!r} does not exist", "pass the path of a speedtrap.toml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"cannot read manifest {str(path)!r}: {exc}", "check the path and permissions") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"manifest {str(path)!r} is not valid TOML: {exc}", "fix the TOML syntax") from None
+    return parse_manifest(data, path.parent, path)
+
+
+def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None) -> IsolateManifest:
+    """Check a parsed TOML document; relative paths are taken from ``base``.
+
+    Other top-level tables (another tool's sections, triage's ``tree``) are left alone; inside the
+    tables isolate reads, an unknown key is an error (a typo must not silently change a search).
+    """
+    target = _target(table(data, "target", required=True), base)
+    patches = _patches(data.get("patches"), base, required=not target.in_process)
+    probe = _probe(table(data, "probe"), target)
+    verdict = _verdict(table(data, "verdict"), probe)
+    search = table(data, "search")
+    no_unknown(search, _SEARCH_KEYS, "search.", "search")
+    prior = str_list(search.get("prior", []), "search.prior")
+    names = {p.name for p in patches}
+    for i, name in enumerate(prior):
+        if patches and name not in names:
+            raise ManifestError(
+                f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(sorted(names))}"
+            )
+    parallel = integer(search.get("parallel", 1), "search.parallel", minimum=1)
+    return IsolateManifest(path, target, patches, probe, verdict, tuple(prior), parallel)
+
+
+def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
+    no_unknown(raw, _TARGET_KEYS, "target.", "target")
+    name, launch = raw.get("name"), raw.get("launch")
+    if (name is None) == (launch is None):
+        raise ManifestError(
+            "target needs exactly one of target.name (an in-process target) or target.launch (a server command)",
+            'write name = "smol-moe", or launch = ["python", "-m", "...", "--port", "{port}"]',
+        )
+    if name is not None:
+        if not isinstance(name, str) or not name.strip():
+            raise ManifestError("target.name must be a non-empty string", 'write name = "smol-moe"')
+        for key in ("model", "health", "served_model", "config_args", "env", "start_timeout"):
+            if key in raw:
+                raise ManifestError(f"target.{key} is for servers, not in-process targets", f"drop target.{key}")
+        return TargetSpec(name=name, overrides=str_table(raw.get("overrides", {}), "target.overrides"))
+    argv = str_list(launch, "target.launch")
+    if not argv:
+        raise ManifestError("target.launch is empty", 'write launch = ["program", "arg", ..., "{port}"]')
+    if not any("{port}" in a for a in argv):
+        raise ManifestError("target.launch has no {port} placeholder", 'add the port argument, e.g. "--port", "{port}"')
+    model = raw.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ManifestError("target.model must be a path string", 'write model = "models/x.gguf"')
+    if any("{model}" in a for a in argv) and model is None:
+        raise ManifestError("target.launch uses {model} but target.model is not set", 'add model = "path/to/model"')
+    if model is not None:
+        model = str(resolve(base, model))
+    health = raw.get("health", DEFAULT_HEALTH)
+    if not isinstance(health, str) or not health.startswith(("http://", "https://")):
+        raise ManifestError("target.health must be an http:// URL", 'write health = "http://127.0.0.1:{port}/health"')
+    served = raw.get("served_model")
+    if served is not None and not isinstance(served, str):
+        raise ManifestError("target.served_model must be a string", 'write served_model = "my-model"')
+    config_args = str_list(raw.get("config_args", ["--set", "{key}={value}"]), "target.config_args")
+    cwd = raw.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ManifestError("target.cwd must be a path string", 'write cwd = "."')
+    return TargetSpec(
+        launch=tuple(argv),
+        model=model,
+        health=health,
+        served_model=served,
+        start_timeout=number(raw.get("start_timeout", 120.0), "target.start_timeout"),
+        stop_timeout=number(raw.get("stop_timeout", 10.0), "target.stop_timeout"),
+        env=str_table(raw.get("env", {}), "target.env"),
+        config_args=tuple(config_args),
+        retries=integer(raw.get("retries", 1), "target.retries", minimum=0),
+        cwd=resolve(base, cwd) if cwd else None,
+    )
+
+
+def _patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]:
+    if raw is None:
+        if required:
+            raise ManifestError("manifest has no [[patches]] tables", "add one [[patches]] table per patch")
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ManifestError("patches must be [[patches]] tables", "add one [[patches]] table per patch")
+    out: list[PatchSpec] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        where = f"patches[{i}]"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where} must be a table", "write [[patches]] tables")
+        no_unknown(entry, _PATCH_KEYS, f"{where}.", where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ManifestError(f"{where}.name is missing or not a string", "give every patch a name")
+        if name in seen:
+            raise ManifestError(f"{where}.name {name!r} is used twice (also patches[{seen[name]}])", "rename one")
+        seen[name] = i
+        env = str_table(entry.get("env", {}), f"{where}.env")
+        for key, _ in env:
+            if not key or "=" in key or "\0" in key:
+                raise ManifestError(f"{where}.env: {key!r} is not a valid environment variable name", "rename it")
+        args = tuple(str_list(entry.get("args", []), f"{where}.args"))
+        config = str_table(entry.get("config", {}), f"{where}.config")
+        gate = entry.get("gate")
+        if gate not in (None, "ungated"):
+            raise ManifestError(f'{where}.gate must be "ungated" when given', 'drop it, or write gate = "ungated"')
+        if gate == "ungated" and (env or args or config):
+            raise ManifestError(f"{where} is marked ungated but has env/args/config", "drop gate or the switches")
+        diff = entry.get("diff")
+        if diff is not None and not isinstance(diff, str):
+            raise ManifestError(f"{where}.diff must be a path string", 'write diff = "patches/x.diff"')
+        summary = entry.get("summary", "")
+        if not isinstance(summary, str):
+            raise ManifestError(f"{where}.summary must be a string", "quote it")
+        requires = tuple(str_list(entry.get("requires", []), f"{where}.requires"))
+        conflicts = tuple(str_list(entry.get("conflicts", []), f"{where}.conflicts"))
+        out.append(
+            PatchSpec(
+                name,
+                env,
+                args,
+                config,
+                gate == "ungated",
+                resolve(base, diff) if diff else None,
+                summary,
+                requires,
+                conflicts,
+            )
+        )
+    check_relations(out)
+    return tuple(out)
+
+
+def check_relations(patches: Sequence[PatchSpec]) -> None:
+    """``requires`` / ``conflicts`` name known patches, are not self-referential, and requires has no cycle."""
+    index = {p.name: i for i, p in enumerate(patches)}
+    for i, p in enumerate(patches):
+        for field_name in ("requires", "conflicts"):
+            for j, other in enumerate(getattr(p, field_name)):
+                where = f"patches[{i}].{field_name}[{j}]"
+                if other not in index:
+                    raise ManifestError(f"{where} names no patch: {other!r}", f"choose from: {', '.join(index)}")
+                if other == p.name:
+                    raise ManifestError(f"{where}: patch {p.name!r} names itself", "drop it")
+        clash = set(p.requires) & set(p.conflicts)
+        if clash:
+            raise ManifestError(f"patches[{i}] both requires and conflicts with {sorted(clash)}", "keep one")
+        if p.ungated and p.conflicts:
+            raise ManifestError(
+                f"patches[{i}] is ungated (always on) but conflicts with {list(p.conflicts)}",
+                "drop the conflict, or give the patch a switch",
+            )
+    by_name = {p.name: p for p in patches}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = [*trail[trail.index(name) :], name]
+            raise ManifestError(
+                f"patches[{index[name]}].requires forms a cycle: {' -> '.join(cycle)}", "break the cycle"
+            )
+        state[name] = 1
+        for req in by_name[name].requires:
+            visit(req, [*trail, name])
+        state[name] = 2
+
+    for p in patches:
+        visit(p.name, [])
+
+
+def _probe(raw: Mapping[str, Any], target: TargetSpec) -> ProbeSpec:
+    no_unknown(raw, _PROBE_KEYS, "probe.", "probe")
+    kind = raw.get("kind", "divergence")
+    if kind not in PROBE_KINDS:
+        raise ManifestError(f"probe.kind {kind!r} is not one of {', '.join(PROBE_KINDS)}", 'write kind = "divergence"')
+    preset = raw.get("preset", "quick")
+    if preset not in (None, "quick", "default"):
+        raise ManifestError(f'probe.preset {preset!r} must be "quick" or "default"', 'write preset = "quick"')
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ManifestError("probe.settings must be a table", "write settings = { field = value }")
+    argv = tuple(str_list(raw.get("argv", []), "probe.argv"))
+    if kind == "command" and not argv:
+        raise ManifestError(
+            'probe.kind = "command" needs probe.argv', 'write argv = ["python", "eval.py", "{base_url}"]'
+        )
+    if kind == "command" and target.in_process:
+        raise ManifestError('probe.kind = "command" needs a server target (target.launch)', "use divergence or recall")
+    if kind != "command" and argv:
+        raise ManifestError('probe.argv is only for kind = "command"', "drop probe.argv")
+    timeout = number(raw.get("timeout", 600.0), "probe.timeout")
+    return ProbeSpec(kind, None if preset == "default" else preset, dict(settings), argv, timeout)
+
+
+def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
+    no_unknown(raw, _VERDICT_KEYS, "verdict.", "verdict")
+    rule = raw.get("rule", "recall_drop" if probe.kind == "recall" else "threshold")
+    if rule not in RULES:
+        raise ManifestError(f"verdict.rule {rule!r} is not one of {', '.join(RULES)}", 'write rule = "threshold"')
+    if rule == "recall_drop" and probe.kind != "recall":
+        raise ManifestError('verdict.rule = "recall_drop" needs probe.kind = "recall"', "change one of them")
+    default_metric = {"divergence": "decode.kl_p99", "recall": "accuracy", "command": "metric"}[probe.kind]
+    metric = raw.get("metric", default_metric)
+    if not isinstance(metric, str) or not metric:
+        raise ManifestError("verdict.metric must be a figure name", f'write metric = "{default_metric}"')
+    direction = raw.get("direction", "below" if metric.endswith(("accuracy", "same_top1")) else "above")
+    if direction not in DIRECTIONS:
+        raise ManifestError(f"verdict.direction {direction!r} must be above or below", 'write direction = "above"')
+    if rule == "threshold" and "bound" not in raw:
+        raise ManifestError(
+            "verdict.bound is missing", "write bound = <the value a passing configuration stays within>"
+        )
+    near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
+    if near >= 1:
+        raise ManifestError("verdict.near must be below 1 (a relative band around the bound)", "write near = 0.25")
+    return VerdictSpec(
+        rule=rule,
+        metric=metric,
+        bound=number(raw.get("bound", 0.0), "verdict.bound", allow_zero=True, allow_negative=True),
+        direction=direction,
+        near=near,
+        repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
+        margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+    )

@@ -1,0 +1,312 @@
+"""Oracles: measure one configuration and report figures (the rule in ``_rules`` turns them into a verdict).
+
+- :class:`FunctionOracle`: a Python callable (simulations, library users with their own check).
+- :class:`InProcessOracle`: the probes on an in-process model, patches switched by name.
+- :class:`ServerOracle`: a server launched per trial (env vars and launch args per patch), probed
+  over HTTP (divergence or recall with the probe package, or any command printing JSON figures),
+  then stopped. Divergence compares against a reference server (the baseline configuration) kept
+  up for the whole run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
+from speedtrap.isolate._executor import Measurement, TrialRequest
+from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
+from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
+from speedtrap.isolate._results import Config
+
+
+def _version() -> str:
+    try:
+        return metadata.version("speedtrap")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+class FunctionOracle:
+    """Figures from a function of (configuration, repeat): simulated stacks, or a caller's own check."""
+
+    def __init__(self, fn: Callable[[Config, int], Mapping[str, float]], identity: Mapping[str, Any]) -> None:
+        self.fn = fn
+        self._identity = dict(identity)
+
+    def identity(self) -> dict[str, object]:
+        return {"function": self._identity}
+
+    def measure(self, request: TrialRequest, attempt: int) -> Measurement:
+        t0 = time.perf_counter()
+        figures = {k: float(v) for k, v in self.fn(request.config, request.repeat).items()}
+        return Measurement(figures, probe_s=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures from the probe package's reports.
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a JSON document as ``a.b.c`` -> value (lists are skipped: per-cell detail)."""
+    out: dict[str, float] = {}
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(obj, (bool, int, float)):
+        out[prefix[:-1]] = float(obj)
+    return out
+
+
+def probe_settings(spec: ProbeSpec, repeat: int) -> Any:
+    """The probe package's settings object: preset, then the manifest's fields; repeats shift the seed."""
+    from speedtrap import probe
+
+    cls = probe.DivergenceSettings if spec.kind == "divergence" else probe.RecallSettings
+    settings = cls.quick() if spec.preset == "quick" else cls()
+    names = {f.name for f in dataclasses.fields(settings)}
+    for key in spec.settings:
+        if key not in names:
+            raise ManifestError(
+                f"probe.settings.{key} is not a field of {cls.__name__}", f"use: {', '.join(sorted(names))}"
+            )
+    values = dict(spec.settings)
+    if repeat and "seed" in names:
+        values["seed"] = int(values.get("seed", getattr(settings, "seed", 0))) + repeat
+    try:
+        return dataclasses.replace(settings, **values)
+    except (TypeError, ValueError) as exc:
+        raise ManifestError(f"probe.settings: {exc}", "check the field types") from None
+
+
+def report_figures(kind: str, report: Any) -> dict[str, float]:
+    """The figures a rule can read: recall's overall counts and interval, divergence's per-phase overall."""
+    if kind == "recall":
+        overall = report.overall
+        correct = getattr(overall, "correct", None)
+        n = float(overall.n)
+        figures = {"accuracy": float(overall.accuracy), "low": float(overall.low), "high": float(overall.high), "n": n}
+        figures["correct"] = float(correct) if correct is not None else round(float(overall.accuracy) * n)
+        return figures
+    out: dict[str, float] = {}
+    for phase, stats in report.phases.items():
+        data = stats.overall.to_json() if hasattr(stats.overall, "to_json") else dataclasses.asdict(stats.overall)
+        for key, value in flatten(data).items():
+            out[f"{phase}.{key}"] = value
+    for key in ("kl_p99", "kl_mean", "same_top1"):
+        values = [v for k, v in out.items() if k.endswith(f".{key}")]
+        if values:
+            out[f"worst.{key}"] = min(values) if key == "same_top1" else max(values)
+    return out
+
+
+def _write_report(request: TrialRequest, report: Any) -> str | None:
+    if request.workdir is None:
+        return None
+    request.workdir.mkdir(parents=True, exist_ok=True)
+    path = request.workdir / f"{request.label}.json"
+    path.write_text(json.dumps(report.to_json(), indent=1, default=str))
+    return str(path)
+
+
+class InProcessOracle:
+    """The probes on an in-process model; ``always_on`` patches (ungated) are on in every trial."""
+
+    def __init__(self, model: Any, target: TargetSpec, probe: ProbeSpec, always_on: Sequence[str] = ()) -> None:
+        self.model = model
+        self.target = target
+        self.probe = probe
+        self.always_on = tuple(always_on)
+
+    def identity(self) -> dict[str, object]:
+        return {
+            "target": self.target.identity(),
+            "model_config": dict(self.model.config),
+            "probe": self.probe.identity(),
+            "always_on": list(self.always_on),
+            "speedtrap": _version(),
+        }
+
+    def measure(self, request: TrialRequest, attempt: int) -> Measurement:
+        from speedtrap import probe
+
+        settings = probe_settings(self.probe, request.repeat)
+        patches = [*self.always_on, *request.config]
+        t0 = time.perf_counter()
+        candidate = probe.InProcessBackend(self.model, patches)
+        report: Any
+        if self.probe.kind == "recall":
+            report = probe.run_recall(candidate, settings, progress=False)
+        else:
+            report = probe.run_divergence(probe.InProcessBackend(self.model, list(self.always_on)), candidate, settings)
+        figures = report_figures(self.probe.kind, report)
+        return Measurement(figures, None, _write_report(request, report), 0.0, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Servers.
+
+
+class ServerOracle:
+    """One server per trial, switched by the patches' env vars and launch arguments."""
+
+    def __init__(self, target: TargetSpec, patches: Sequence[PatchSpec], probe: ProbeSpec) -> None:
+        self.target = target
+        self.patches = {p.name: p for p in patches}
+        self.order = [p.name for p in patches]
+        self.probe = probe
+        self.always_on = [p.name for p in patches if p.ungated]
+        self._reference: Server | None = None
+        self.reference_launches = 0
+
+    def identity(self) -> dict[str, object]:
+        return {
+            "target": self.target.identity(),
+            "probe": self.probe.identity(),
+            "switches": {name: p.switch() for name, p in self.patches.items()},
+        }
+
+    def launch_spec(self, config: Config, port: int) -> LaunchSpec:
+        """argv and env for one configuration: the base environment without any patch's variables."""
+        values = {"port": str(port), "model": self.target.model or ""}
+        argv = render(self.target.launch, values)
+        switches = {key for p in self.patches.values() for key, _ in p.env}
+        env = {k: v for k, v in os.environ.items() if k not in switches}
+        env.update(dict(self.target.env))
+        on = set(config)
+        for name in self.order:
+            if name not in on:
+                continue
+            patch = self.patches[name]
+            env.update(dict(patch.env))
+            argv += list(patch.args)
+            for key, value in patch.config:
+                argv += render(self.target.config_args, {"key": key, "value": value})
+        health = render([self.target.health], values)[0]
+        return LaunchSpec(
+            tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, self.target.cwd
+        )
+
+    def _log(self, request: TrialRequest, attempt: int, suffix: str = "") -> Path:
+        if request.workdir is None:
+            raise ProbeError("a server trial needs a run directory for its log", "pass --run-dir")
+        name = request.label + (f".a{attempt}" if attempt > 1 else "") + suffix + ".log"
+        return request.workdir / name
+
+    def _start(self, config: Config, log: Path) -> tuple[Server, float]:
+        port = free_port()
+        server = start(self.launch_spec(config, port), log, port)
+        return server, wait_healthy(server)
+
+    def reference(self, request: TrialRequest) -> Server:
+        if self._reference is None or not self._reference.alive():
+            self._reference, _ = self._start((), self._log(request, 1, ".reference"))
+            self.reference_launches += 1
+        return self._reference
+
+    def measure(self, request: TrialRequest, attempt: int) -> Measurement:
+        log = self._log(request, attempt)
+        t0 = time.perf_counter()
+        try:
+            server, launch_s = self._start(request.config, log)
+        except ServerError as exc:
+            raise _with_log(exc, log) from None
+        with server:
+            t1 = time.perf_counter()
+            try:
+                figures, report_path = self._probe(server, request)
+            except Exception as exc:
+                died = server.died()
+                if died is not None:
+                    raise _with_log(died, log) from None
+                if isinstance(exc, (ProbeError, ServerError)):
+                    raise _with_log(exc, log) from None
+                if isinstance(exc, (httpx.HTTPError, OSError)):
+                    error = ProbeError(f"the probe failed: {type(exc).__name__}: {exc}; server log: {log}")
+                    raise _with_log(error, log) from None
+                raise
+        return Measurement(figures, str(log), report_path, launch_s or (t1 - t0), time.perf_counter() - t1)
+
+    def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], str | None]:
+        base_url = f"http://127.0.0.1:{server.port}"
+        if self.probe.kind == "command":
+            return run_command_probe(self.probe, base_url, request), None
+        from speedtrap import probe
+
+        settings = probe_settings(self.probe, request.repeat)
+        model = self.target.served_model or ""
+        candidate = probe.HttpBackend(base_url, model)
+        report: Any
+        if self.probe.kind == "recall":
+            report = probe.run_recall(candidate, settings, progress=False)
+        else:
+            reference = candidate if not request.config else probe.HttpBackend(self._ref_url(request), model)
+            report = probe.run_divergence(reference, candidate, settings)
+        return report_figures(self.probe.kind, report), _write_report(request, report)
+
+    def _ref_url(self, request: TrialRequest) -> str:
+        ref = self.reference(request)
+        return f"http://127.0.0.1:{ref.port}"
+
+    def close(self) -> None:
+        if self._reference is not None:
+            self._reference.stop()
+            self._reference = None
+
+
+def _with_log(exc: SpeedtrapError, log: Path) -> SpeedtrapError:
+    """Attach the trial's log path to an error (the trial record keeps it)."""
+    exc.log_path = str(log)  # type: ignore[attr-defined]
+    return exc
+
+
+def run_command_probe(spec: ProbeSpec, base_url: str, request: TrialRequest) -> dict[str, float]:
+    """Run the manifest's probe command; its last stdout line is one JSON object of figures."""
+    values = {
+        "base_url": base_url,
+        "port": base_url.rsplit(":", 1)[-1],
+        "repeat": str(request.repeat),
+        "config": ",".join(request.config),
+        "workdir": str(request.workdir or "."),
+    }
+    argv = render(spec.argv, values)
+    env = dict(
+        os.environ,
+        SPEEDTRAP_BASE_URL=base_url,
+        SPEEDTRAP_REPEAT=str(request.repeat),
+        SPEEDTRAP_CONFIG=",".join(request.config),
+    )
+    try:
+        done = subprocess.run(  # noqa: S603  (argv from the manifest, never a shell)
+            argv, env=env, capture_output=True, text=True, timeout=spec.timeout, check=False
+        )
+    except FileNotFoundError:
+        raise ManifestError(f"probe.argv[0]: command {argv[0]!r} not found", "give the full path") from None
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"the probe command ran past probe.timeout = {spec.timeout:g} s", "raise it") from None
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise ProbeError(f"the probe command exited with code {done.returncode}: {tail}", "run it by hand")
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise ProbeError("the probe command's last output line is not a JSON object", 'print e.g. {"metric": 0.1}')
+    return flatten(data)

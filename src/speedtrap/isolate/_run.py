@@ -1,0 +1,196 @@
+"""One isolate run: manifest -> oracle, store, evaluator, search -> result (kept in the run directory)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import ManifestError, SpeedtrapError
+from speedtrap.isolate._evaluate import Evaluator
+from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle
+from speedtrap.isolate._manifest import IsolateManifest, PatchSpec, ProbeSpec, TargetSpec, VerdictSpec, check_relations
+from speedtrap.isolate._oracle import InProcessOracle, ServerOracle
+from speedtrap.isolate._relations import Relations
+from speedtrap.isolate._results import IsolateResult, Trial
+from speedtrap.isolate._rules import rule_from_spec
+from speedtrap.isolate._search import Search, SearchProgress
+from speedtrap.isolate._store import TrialStore
+
+RESULT_NAME = "result.json"
+UNGATED_NOTE = (
+    "ungated patches ({names}) cannot be switched off: they are on in every trial, the baseline included, "
+    "so isolate cannot blame or clear them; if the baseline fails, suspect them first (triage reads their diffs) "
+    "and rebuild without them to test"
+)
+
+
+@dataclasses.dataclass
+class Hooks:
+    """Progress callbacks: each finished (or reused) trial, and the search's suspects left."""
+
+    on_trial: Callable[[Trial], None] | None = None
+    on_search: Callable[[SearchProgress], None] | None = None
+
+
+def manifest_for_target(
+    name: str,
+    patches: Sequence[str] | None = None,
+    overrides: dict[str, str] | None = None,
+    probe: ProbeSpec | None = None,
+    verdict: VerdictSpec | None = None,
+    prior: Sequence[str] = (),
+) -> IsolateManifest:
+    """The manifest ``speedtrap bisect --target NAME`` builds: an in-process target's patches by name."""
+    specs = tuple(PatchSpec(p) for p in patches) if patches is not None else ()
+    return IsolateManifest(
+        None,
+        TargetSpec(name=name, overrides=tuple(sorted((overrides or {}).items()))),
+        specs,
+        probe or ProbeSpec(),
+        verdict or VerdictSpec(),
+        tuple(prior),
+    )
+
+
+def load_in_process(manifest: IsolateManifest) -> Any:
+    """Load the manifest's in-process target (with its extra constructed patches if one is named)."""
+    from speedtrap.targets import resolve_target
+
+    target = resolve_target(str(manifest.target.name))
+    overrides = dict(manifest.target.overrides) or None
+    known = {i.name for i in target.patch_infos()}
+    extra = any(p.name not in known for p in manifest.patches)
+    if extra and hasattr(target, "load"):
+        try:
+            return target.load(overrides, extra_patches=True)  # type: ignore[call-arg]
+        except TypeError:
+            pass
+    return target.load(overrides)
+
+
+def _in_process_patches(manifest: IsolateManifest, model: Any) -> tuple[PatchSpec, ...]:
+    catalog = [p.info.name for p in model.catalog]
+    if not manifest.patches:  # the target's own patches (not the extra constructed ones)
+        base = {i.name for i in _base_infos(manifest)}
+        return tuple(PatchSpec(n) for n in catalog if n in base)
+    for i, p in enumerate(manifest.patches):
+        if p.name not in catalog:
+            raise ManifestError(
+                f"patches[{i}].name {p.name!r} is not a patch of {manifest.target.name}",
+                f"choose from: {', '.join(catalog)}",
+            )
+    return manifest.patches
+
+
+def _base_infos(manifest: IsolateManifest) -> list[Any]:
+    from speedtrap.targets import resolve_target
+
+    return resolve_target(str(manifest.target.name)).patch_infos()
+
+
+def isolate(
+    manifest: IsolateManifest,
+    run_dir: Path | None,
+    resume: bool = False,
+    model: Any = None,
+    executor: Executor | None = None,
+    hooks: Hooks | None = None,
+    check_interactions: bool = True,
+    oracle: Oracle | None = None,
+) -> IsolateResult:
+    """Find the culprit patch sets of ``manifest``'s target; trials are kept in ``run_dir``."""
+    hooks = hooks or Hooks()
+    patches = manifest.patches
+    if oracle is None:
+        if manifest.target.in_process:
+            model = model if model is not None else load_in_process(manifest)
+            patches = _in_process_patches(manifest, model)
+            check_relations(patches)
+            always = [p.name for p in patches if p.ungated]
+            oracle = InProcessOracle(model, manifest.target, manifest.probe, always)
+        else:
+            oracle = ServerOracle(manifest.target, patches, manifest.probe)
+    names = [p.name for p in patches]
+    for i, name in enumerate(manifest.prior):
+        if name not in names:
+            raise ManifestError(f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(names)}")
+    searchable = [p.name for p in patches if not p.ungated]
+    ungated = tuple(p.name for p in patches if p.ungated)
+    relations = Relations(
+        requires={p.name: p.requires for p in patches if p.requires},
+        conflicts=_symmetric({p.name: p.conflicts for p in patches}),
+    )
+    rule = rule_from_spec(manifest.verdict)
+    store = TrialStore(run_dir)
+    try:
+        identity = {
+            "oracle": oracle.identity(),
+            "rule": rule.to_json(),
+            "repeats": manifest.verdict.repeats,
+            "patches": [p.to_json() for p in patches],
+            "prior": list(manifest.prior),
+        }
+        run_id, _continued = store.begin_run(identity, manifest.to_json(), resume)
+        evaluator = Evaluator(
+            oracle,
+            rule,
+            store,
+            run_id,
+            repeats=manifest.verdict.repeats,
+            retries=0 if manifest.target.in_process else manifest.target.retries,
+            executor=executor or LocalExecutor(),
+            trial_dir=(run_dir / "trials") if run_dir is not None else None,
+            on_trial=hooks.on_trial,
+        )
+        search = Search(
+            searchable,
+            evaluator,
+            relations,
+            prior=manifest.prior,
+            capacity=evaluator.capacity,
+            check_interactions=check_interactions,
+            progress=hooks.on_search,
+            recheck=evaluator.recheck if manifest.verdict.repeats > 0 else None,
+        )
+        try:
+            result = search.run()
+        except SpeedtrapError:
+            store.finish_run(run_id, "aborted", None)
+            raise
+        notes = list(result.notes)
+        if ungated:
+            notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
+        refs = getattr(oracle, "reference_launches", 0)
+        if refs:
+            notes.append(
+                f"the reference (baseline) server was launched {refs} time(s) for divergence, besides the trials"
+            )
+        result = dataclasses.replace(
+            result,
+            ungated=ungated,
+            trials=tuple(evaluator.trials),
+            launches=evaluator.launches,
+            reused=evaluator.reused,
+            rule={**rule.to_json(), "repeats": manifest.verdict.repeats},
+            target=manifest.target.to_json(),
+            notes=tuple(notes),
+        )
+        store.finish_run(run_id, result.status.value, result.to_json())
+        if run_dir is not None:
+            (run_dir / RESULT_NAME).write_text(json.dumps(result.to_json(), indent=1))
+        return result
+    finally:
+        oracle.close()
+        store.close()
+
+
+def _symmetric(conflicts: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, set[str]] = {}
+    for a, others in conflicts.items():
+        for b in others:
+            out.setdefault(a, set()).add(b)
+            out.setdefault(b, set()).add(a)
+    return {k: tuple(sorted(v)) for k, v in out.items()}

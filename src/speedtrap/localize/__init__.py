@@ -1,0 +1,41 @@
+"""Localize: where the numbers first go wrong, and how many times a scale factor is applied.
+
+from speedtrap.localize import layer_diff, check_scale
+diff = layer_diff(model, ["mhc_bf16_gemm"], ids)          # first divergent module, growth
+scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applications per MoE layer
+"""
+
+from __future__ import annotations
+
+from speedtrap.localize._inputs import default_ids
+from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
+from speedtrap.localize._results import (
+    ConsumerFit,
+    LayerDiffResult,
+    LayerGrowth,
+    ModuleDiff,
+    PinnedSite,
+    ScaleCheckResult,
+    ScaleUnit,
+)
+from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
+from speedtrap.localize._userpatch import UserPatch, is_entry_point, load_user_patch
+
+__all__ = [
+    "DEFAULT_PARAM",
+    "DEFAULT_THRESHOLD",
+    "ConsumerFit",
+    "LayerDiffResult",
+    "LayerGrowth",
+    "ModuleDiff",
+    "PinnedSite",
+    "ScaleCheckResult",
+    "ScaleUnit",
+    "UserPatch",
+    "check_scale",
+    "default_ids",
+    "is_entry_point",
+    "layer_diff",
+    "load_user_patch",
+    "shared_copy",
+]

@@ -1,0 +1,281 @@
+"""Scale check: how many times a config scalar is applied, measured as an exponent.
+
+The honest measurement holds the weights fixed and re-parametrizes: every module attribute named
+like the scalar (``MoE.routed_scaling_factor``, a router's ``routed_scaling_factor``) that holds
+the config's value is set to ``s`` for a few values of ``s``, and the output of each module that
+depends on it is measured on the same inputs. Rebuilding the model instead would also change the
+weights' compensation (smol-moe divides its routed experts by the factor), hiding the exponent.
+
+A unit is the MoE block around a consumer (the nearest module with an ``experts`` child); its
+routed contribution is its output minus its shared experts' output. Its inputs are captured once
+from a forward at the nominal value and replayed, so earlier layers' changes do not leak in. The
+exponent is the slope of log ||routed(s)|| against log s (least squares; the residual is reported),
+and the shape check asks that routed(s) = (s/s0)^k routed(s0) element by element: a factor that
+enters a nonlinearity (routing, activation) is "not a power law", whatever the norms say.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from speedtrap._errors import UsageError
+from speedtrap.localize._pairing import float_tensors
+from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
+from speedtrap.targets._base import InProcessModel
+
+DEFAULT_PARAM = "routed_scaling_factor"
+DEFAULT_MULTIPLIERS = (0.5, 1.0, 2.0, 4.0)
+FIT_TOLERANCE = 1e-3  # log-space RMS residual and relative shape residual of a power law
+INTEGER_TOLERANCE = 0.05
+_SHARED = re.compile(r"^shared_?(experts?|mlp)$")
+
+Sites = list[tuple[str, nn.Module]]
+
+
+def check_scale(
+    model: InProcessModel,
+    ids: Sequence[int],
+    param: str = DEFAULT_PARAM,
+    *,
+    patches: Sequence[str] = (),
+    values: Sequence[float] | None = None,
+) -> ScaleCheckResult:
+    """Per module that consumes ``param``: the exponent of its routed output in the scalar."""
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise UsageError("scale check needs at least 1 token", "pass a longer input (--tokens N)")
+    with model.patched(patches):
+        root = model.model
+        nominal = _nominal(model, root, param)
+        sites, pinned = _sites(root, param, nominal)
+        if not sites:
+            raise UsageError(
+                f"no module of {model.name} holds {param!r} at its config value {nominal:g}",
+                "check the name, or whether a patch pinned every copy (see --patches)",
+            )
+        chosen = _values(values, nominal)
+        modules = dict(root.named_modules())
+        units = _units(root, sites + [(p.module, modules[p.module]) for p in pinned])
+        varied = {id(m) for _, m in sites}
+        inputs = _capture(root, [module for module, _ in units.values()], ids)
+        configs = _configs(root, param, nominal)
+        results = []
+        for name, (unit, consumers) in units.items():
+            call = inputs.get(id(unit))
+            if call is None:
+                continue  # never ran on this input (e.g. an unused layer)
+            all_sites = [m for _, m in sites]
+            outputs = [_routed(unit, call, all_sites, configs, param, s) for s in chosen]
+            consumers = [(n, m) for n, m in consumers if id(m) in varied]  # pinned ones do not vary
+            fits = []
+            if not consumers:
+                pass  # only pinned copies here: the scalar does not reach this unit
+            elif len(consumers) > 1:
+                for consumer_name, consumer in consumers:
+                    partial = [_routed(unit, call, [consumer], [], param, s) for s in chosen]
+                    exponent, residual = _fit(chosen, [float(p.norm()) for p in partial])
+                    fits.append(ConsumerFit(consumer_name, exponent, residual))
+            else:
+                exponent, residual = _fit(chosen, [float(o.norm()) for o in outputs])
+                fits.append(ConsumerFit(consumers[0][0], exponent, residual))
+            measured = "output - " + "/".join(_shared_children(unit)) if _shared_children(unit) else "output"
+            results.append(_unit(name, measured, tuple(fits), chosen, outputs, nominal))
+    return ScaleCheckResult(
+        model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned)
+    )
+
+
+def _nominal(model: InProcessModel, root: nn.Module, param: str) -> float:
+    for source in (model.config, getattr(root, "config", None)):
+        value = source.get(param) if isinstance(source, dict) else getattr(source, param, None)
+        if isinstance(value, (int, float)) and _is_number(value):
+            return float(value)
+    values = [getattr(m, param) for _, m in root.named_modules() if _is_number(getattr(m, param, None))]
+    if values:
+        return float(max(set(values), key=values.count))
+    scalars = sorted(k for k, v in model.config.items() if _is_number(v) and not isinstance(v, int))
+    raise UsageError(
+        f"{model.name} has no parameter {param!r}",
+        f"choose a float config scalar: {', '.join(scalars[:12]) or '(none found)'}",
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _sites(root: nn.Module, param: str, nominal: float) -> tuple[Sites, list[PinnedSite]]:
+    """Modules holding ``param`` at the config's value (they read it) and those pinned elsewhere."""
+    sites: Sites = []
+    pinned: list[PinnedSite] = []
+    for name, module in root.named_modules():
+        value = vars(module).get(param)
+        if not isinstance(value, (int, float)) or not _is_number(value):
+            continue
+        if math.isclose(float(value), nominal, rel_tol=1e-9):
+            sites.append((name, module))
+        else:
+            pinned.append(PinnedSite(name, float(value)))
+    return sites, pinned
+
+
+def _configs(root: nn.Module, param: str, nominal: float) -> list[Any]:
+    """Mutable config objects holding the scalar (modules that read it at forward time see it too)."""
+    seen: dict[int, Any] = {}
+    for module in root.modules():
+        config = getattr(module, "config", None)
+        value = getattr(config, param, None) if config is not None and not isinstance(config, dict) else None
+        if isinstance(value, (int, float)) and _is_number(value) and math.isclose(value, nominal, rel_tol=1e-9):
+            seen[id(config)] = config
+    return [c for c in seen.values() if _settable(c, param)]
+
+
+def _settable(obj: Any, param: str) -> bool:
+    try:
+        setattr(obj, param, getattr(obj, param))
+    except Exception:  # frozen dataclasses and validating configs refuse
+        return False
+    return True
+
+
+def _values(values: Sequence[float] | None, nominal: float) -> list[float]:
+    chosen = [float(v) for v in values] if values else [nominal * m if nominal > 0 else m for m in DEFAULT_MULTIPLIERS]
+    if len(set(chosen)) < 2 or any(not v > 0 or not math.isfinite(v) for v in chosen):
+        raise UsageError(f"scale values {chosen} must be at least 2 distinct positive numbers", "e.g. --values 1,2,4")
+    return chosen
+
+
+def _units(root: nn.Module, sites: Sites) -> dict[str, tuple[nn.Module, Sites]]:
+    """Group consumers by the MoE block around them (nearest module with an ``experts`` child)."""
+    modules = dict(root.named_modules())
+    units: dict[str, tuple[nn.Module, Sites]] = {}
+    for name, module in sites:
+        unit_name = name
+        probe = name
+        while True:
+            candidate = modules.get(probe)
+            if candidate is not None and "experts" in dict(candidate.named_children()):
+                unit_name = probe
+                break
+            if not probe:
+                break
+            probe = probe.rpartition(".")[0]
+        unit = modules[unit_name]
+        units.setdefault(unit_name, (unit, []))[1].append((name, module))
+    return dict(sorted(units.items(), key=lambda kv: list(modules).index(kv[0])))
+
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@torch.inference_mode()
+def _capture(root: nn.Module, units: list[nn.Module], ids: list[int]) -> dict[int, Call]:
+    """Each unit's inputs in one forward at the nominal value (the first call of each)."""
+    captured: dict[int, Call] = {}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        captured.setdefault(id(module), (args, dict(kwargs)))
+
+    handles = [u.register_forward_pre_hook(hook, with_kwargs=True) for u in units]
+    try:
+        root(torch.tensor([ids], dtype=torch.long))
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def _shared_children(unit: nn.Module) -> list[str]:
+    return [n for n, _ in unit.named_children() if _SHARED.match(n)]
+
+
+@contextmanager
+def _set(targets: Sequence[Any], param: str, value: float) -> Any:
+    old = [getattr(t, param) for t in targets]
+    try:
+        for t in targets:
+            setattr(t, param, value)
+        yield
+    finally:
+        for t, v in zip(targets, old, strict=True):
+            setattr(t, param, v)
+
+
+@torch.inference_mode()
+def _routed(
+    unit: nn.Module, call: Call, sites: list[nn.Module], configs: list[Any], param: str, value: float
+) -> Tensor:
+    """The unit's output minus its shared experts' output, with the scalar set to ``value``."""
+    shared: list[Tensor] = []
+    handles = [
+        getattr(unit, n).register_forward_hook(lambda _m, _a, out: shared.extend(float_tensors(out)[:1]))
+        for n in _shared_children(unit)
+    ]
+    try:
+        with _set([*sites, *configs], param, value):
+            out = float_tensors(unit(*call[0], **call[1]))
+    finally:
+        for h in handles:
+            h.remove()
+    if not out:
+        raise UsageError(f"module {type(unit).__name__} returns no tensor", "check the scale of another module")
+    routed = out[0].double()
+    for s in shared:
+        routed = routed - s.double().reshape(routed.shape)
+    return routed
+
+
+def _fit(values: Sequence[float], norms: Sequence[float]) -> tuple[float | None, float | None]:
+    """Least-squares slope of log(norm) on log(value), and the RMS residual in log space."""
+    if any(n <= 0 or not math.isfinite(n) for n in norms):
+        return None, None
+    xs = [math.log(v) for v in values]
+    ys = [math.log(n) for n in norms]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    residual = math.sqrt(sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys, strict=True)) / len(xs))
+    return slope, residual
+
+
+def _unit(
+    name: str,
+    measured: str,
+    fits: tuple[ConsumerFit, ...],
+    values: list[float],
+    outputs: list[Tensor],
+    nominal: float,
+) -> ScaleUnit:
+    norms = tuple(float(o.norm()) for o in outputs)
+    exponent, residual = _fit(values, norms)
+    if exponent is None or residual is None:
+        verdict = "no routed output to measure" if all(n == 0 for n in norms) else "not a power law (zero output)"
+        return ScaleUnit(name, layer_of(name), measured, fits, norms, None, None, None, None, verdict)
+    ref = min(range(len(values)), key=lambda i: abs(values[i] - nominal))
+    shape = max(
+        float((o - (v / values[ref]) ** exponent * outputs[ref]).norm()) / max(float(o.norm()), 1e-300)
+        for v, o in zip(values, outputs, strict=True)
+    )
+    times: int | None = None
+    if residual > FIT_TOLERANCE or shape > FIT_TOLERANCE:
+        verdict = "not a power law"
+    elif abs(exponent - round(exponent)) > INTEGER_TOLERANCE:
+        verdict = f"power law with a non-integer exponent {exponent:.3g}"
+    else:
+        times = round(exponent)
+        verdict = _words(times)
+    return ScaleUnit(name, layer_of(name), measured, fits, norms, exponent, residual, shape, times, verdict)
+
+
+def _words(times: int) -> str:
+    if times == 0:
+        return "never applied (exponent 0)"
+    if times < 0:
+        return f"divided out {-times} time{'s' if times < -1 else ''} (exponent {times})"
+    return {1: "applied once", 2: "applied twice"}.get(times, f"applied {times} times")

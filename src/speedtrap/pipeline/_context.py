@@ -1,0 +1,94 @@
+"""What every stage of a pipeline run shares: the run directory, the source, the settings, the lazily
+loaded model, progress callbacks, and reuse of stored parts by key."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from speedtrap.pipeline._settings import PipelineSettings, stable_key
+from speedtrap.report import Part, RunRecord, Source, load_part, save_part
+
+
+class Progress(Protocol):
+    """Per-stage progress: a stage starts (with a total if known), advances, ends with a status."""
+
+    def start(self, stage: str, total: int | None, detail: str = "") -> None: ...
+
+    def advance(self, stage: str, n: int = 1, detail: str = "") -> None: ...
+
+    def done(self, stage: str, status: str, detail: str = "") -> None: ...
+
+
+class NoProgress:
+    def start(self, stage: str, total: int | None, detail: str = "") -> None:
+        pass
+
+    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
+        pass
+
+    def done(self, stage: str, status: str, detail: str = "") -> None:
+        pass
+
+
+@dataclass
+class Context:
+    run_dir: Path
+    source: Source
+    settings: PipelineSettings
+    record: RunRecord
+    progress: Progress
+    model: Any = None  # an InProcessModel, loaded on first use (a fully reused run never loads it)
+    manifest: Any = None  # the IsolateManifest of a --manifest run
+    reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
+    computed: list[str] = field(default_factory=list)
+
+    def save_record(self) -> None:
+        self.record.save(self.run_dir)
+
+    def in_process_model(self) -> Any:
+        if self.model is None:
+            from speedtrap.isolate import load_in_process, manifest_for_target
+
+            self.progress.advance("probes", 0, "loading the model")
+            spec = manifest_for_target(
+                str(self.source.target), self.settings.patches, dict(self.settings.overrides) or None
+            )
+            self.model = load_in_process(spec)
+        return self.model
+
+    def base_key(self) -> dict[str, Any]:
+        """What every measured part depends on besides its own configuration."""
+        return {
+            "source": self.source.to_json(),
+            "manifest_spec": self.manifest.to_json() if self.manifest is not None else None,
+            "overrides": dict(self.settings.overrides),
+        }
+
+    def stored(self, path: Path, key: str) -> Part | None:
+        """The part at ``path`` if an earlier run stored it with the same key."""
+        try:
+            part = load_part(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return part if part.key == key else None
+
+    def part(self, path: Path, key_parts: tuple[Any, ...], make: Callable[[str], Part]) -> Part:
+        """Reuse the part at ``path`` when its key matches, or make it, store it and return it."""
+        key = stable_key(self.base_key(), *key_parts)
+        found = self.stored(path, key)
+        if found is not None:
+            self.reused.append(str(path.relative_to(self.run_dir)))
+            return found
+        t0 = time.perf_counter()
+        part = make(key)
+        part = Part(
+            part.stage, part.result, part.label, part.role, part.patches, part.command,
+            round(time.perf_counter() - t0, 3), part.extra, key,
+        )  # fmt: skip
+        save_part(path, part)
+        self.computed.append(str(path.relative_to(self.run_dir)))
+        return part

@@ -1,0 +1,178 @@
+"""One pipeline run: triage -> probes -> isolate -> localize -> report, into one run directory.
+
+Each stage's output is stored as it finishes (``run.json`` says which stages are done), so a killed
+run keeps what finished and the same command run again reuses it; a failed stage is recorded, the
+stages that need it are skipped, and the report is rendered from whatever is there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import SpeedtrapError, UsageError
+from speedtrap.pipeline import _stages
+from speedtrap.pipeline._context import Context, NoProgress, Progress
+from speedtrap.pipeline._settings import PipelineSettings
+from speedtrap.report import ReportData, RunRecord, Source, load_report_data, write_report
+from speedtrap.report._layout import now_iso
+
+
+@dataclass
+class PipelineResult:
+    run_dir: Path
+    data: ReportData
+    html: Path
+    markdown: Path
+    json: Path
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage, this run
+    reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
+    computed: list[str] = field(default_factory=list)  # parts measured by this run
+    errors: list[str] = field(default_factory=list)  # one line per failed stage
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "report": {"html": str(self.html), "markdown": str(self.markdown), "json": str(self.json)},
+            "verdict": self.data.verdict.to_json(),
+            "missing": [m.to_json() for m in self.data.missing],
+            "seconds": self.seconds,
+            "reused": self.reused,
+            "computed": self.computed,
+            "errors": self.errors,
+        }
+
+
+def _stage(ctx: Context, name: str, seconds: dict[str, float], errors: list[str], fn: Callable[[], Any]) -> Any:
+    rec = ctx.record.stage(name)
+    rec.status, rec.detail = "running", ""
+    ctx.save_record()
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except SpeedtrapError as exc:
+        rec.status, rec.detail = "failed", exc.one_line()
+        errors.append(f"{name}: {exc.one_line()}")
+        ctx.progress.done(name, "failed", exc.one_line())
+        return None
+    except KeyboardInterrupt:
+        rec.status, rec.detail = "failed", "interrupted"
+        raise
+    finally:
+        seconds[name] = round(time.perf_counter() - t0, 3)
+        rec.seconds = seconds[name]
+        ctx.save_record()
+    rec.status = "done"
+    ctx.save_record()
+    ctx.progress.done(name, "done")
+    return out
+
+
+def _skip(ctx: Context, name: str, why: str) -> None:
+    rec = ctx.record.stage(name)
+    rec.status, rec.detail = "skipped", why
+    ctx.save_record()
+    ctx.progress.done(name, "skipped", why)
+
+
+def run_pipeline(
+    run_dir: Path,
+    source: Source,
+    settings: PipelineSettings | None = None,
+    *,
+    command: str = "",
+    model: Any = None,
+    progress: Progress | None = None,
+) -> PipelineResult:
+    """Run every stage into ``run_dir`` (reusing what an earlier run with the same settings stored)."""
+    settings = settings or PipelineSettings()
+    progress = progress or NoProgress()
+    if source.in_process and settings.overrides:
+        source = dataclasses.replace(
+            source, sets=tuple(sorted((str(k), str(v)) for k, v in settings.overrides.items()))
+        )
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the output folder {str(run_dir)!r}: {exc.strerror}", "pass --out") from None
+    record = RunRecord(source, command or "", settings=settings.to_json())
+    ctx = Context(run_dir, source, settings, record, progress, model=model)
+    if not source.in_process:
+        from speedtrap.isolate import load_isolate_manifest
+
+        ctx.manifest = load_isolate_manifest(Path(str(source.manifest)))
+    ctx.save_record()
+    seconds: dict[str, float] = {}
+    errors: list[str] = []
+
+    triage = _stage(ctx, "triage", seconds, errors, lambda: _stages.triage_stage(ctx))
+    prior = _stages.tier_one(triage) if triage and settings.use_triage_prior else []
+    all_patches = _all_patches(ctx)
+
+    def probes() -> None:
+        progress.start("probes", 2)
+        _stages.probe(ctx, "recall", "baseline", "baseline", ())
+        progress.advance("probes", 1, "recall: baseline")
+        _stages.probe(ctx, "recall", "all patches", "all", all_patches)
+        progress.advance("probes", 1, "recall: all patches")
+
+    _stage(ctx, "probes", seconds, errors, probes)
+    result = _stage(ctx, "isolate", seconds, errors, lambda: _stages.isolate_stage(ctx, prior))
+    culprits = [c.patches for c in result.culprits] if result is not None else []
+    if result is not None:
+        spec = _stages.isolation_spec(ctx, prior)
+
+        def evidence() -> None:
+            configs = [("all patches", "all", all_patches)]
+            if settings.probe_culprits:
+                configs += [(" + ".join(c), "culprit", c) for c in culprits if c != all_patches]
+            progress.start("evidence", len(configs) * 2)
+            for label, role, config in configs:
+                if _stages.from_trial_report(ctx, spec, result, config, label, role) is None:
+                    _stages.probe(ctx, "divergence", label, role, config)
+                progress.advance("evidence", 1, f"divergence: {label}")
+                if role == "culprit":
+                    _stages.probe(ctx, "recall", label, role, config)
+                progress.advance("evidence", 1, f"recall: {label}")
+
+        _stage(ctx, "evidence", seconds, errors, evidence)
+    else:
+        _skip(ctx, "evidence", "no isolation result")
+    if not source.in_process:
+        _skip(ctx, "localize", "localization needs an in-process target")
+    elif not settings.localize or not culprits:
+        _skip(ctx, "localize", "no culprit to localize" if settings.localize else "switched off")
+    else:
+        _stage(ctx, "localize", seconds, errors, lambda: _stages.localize_stage(ctx, culprits))
+
+    t0 = time.perf_counter()
+    progress.start("report", 1)
+    record.finished = now_iso()
+    rec = record.stage("report")
+    rec.status = "done"
+    ctx.save_record()
+    data = load_report_data(run_dir)
+    paths = write_report(data, run_dir)
+    seconds["report"] = round(time.perf_counter() - t0, 3)
+    rec.seconds = seconds["report"]
+    ctx.save_record()
+    progress.done("report", "done")
+    return PipelineResult(
+        run_dir, data, paths.html, paths.markdown, paths.json, seconds, ctx.reused, ctx.computed, errors
+    )
+
+
+def _all_patches(ctx: Context) -> tuple[str, ...]:
+    """Every patch searched: the settings' list, the target's own catalogue, or the manifest's patches."""
+    if ctx.source.in_process:
+        if ctx.settings.patches is not None:
+            return tuple(ctx.settings.patches)
+        from speedtrap.targets import resolve_target
+
+        return tuple(i.name for i in resolve_target(str(ctx.source.target)).patch_infos())
+    return tuple(p.name for p in ctx.manifest.patches if not p.ungated)

@@ -1,0 +1,231 @@
+"""The pipeline's stages. Each stores its output in the run directory as soon as it has it, and an
+earlier run's output with the same key is reused instead of measured again."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import SpeedtrapError
+from speedtrap.pipeline._context import Context
+from speedtrap.report import Part, _commands
+from speedtrap.report._layout import (
+    ISOLATE_DIR,
+    PROBES_DIR,
+    TRIAGE_FILE,
+    divergence_path,
+    layers_path,
+    patches_slug,
+    recall_path,
+    scale_path,
+)
+
+ISOLATE_KEY_FILE = "pipeline-key.json"
+
+# -- triage -------------------------------------------------------------------------------------
+
+
+def triage_stage(ctx: Context) -> dict[str, Any]:
+    """Rank the patches from their diffs; returns triage's JSON (tiers, patches, trace)."""
+    from speedtrap.triage import from_manifest, from_target, render_plan, triage
+
+    def make(key: str) -> Part:
+        if ctx.source.in_process:
+            patch_set = from_target(str(ctx.source.target), None)
+        else:
+            patch_set = from_manifest(Path(str(ctx.source.manifest)), None)
+        try:
+            symbol = ctx.source.symbol if patch_set.tree is not None else None
+            report = triage(patch_set, symbol)
+            plan = render_plan(report, patch_set.cli_args)
+        finally:
+            patch_set.close()
+        return Part("triage", report.to_json(), command=_commands.triage(ctx.source), extra={"plan_markdown": plan})
+
+    ctx.progress.start("triage", 1)
+    part = ctx.part(ctx.run_dir / TRIAGE_FILE, ("triage", ctx.source.symbol), make)
+    ctx.progress.advance("triage", 1)
+    return part.result
+
+
+def tier_one(triage_json: dict[str, Any]) -> list[str]:
+    return [str(n) for n in (triage_json.get("tiers") or {}).get("1", [])]
+
+
+# -- probes -------------------------------------------------------------------------------------
+
+
+def _probe_spec(ctx: Context, kind: str) -> Any:
+    from speedtrap.isolate import ProbeSpec
+
+    settings = ctx.settings.recall if kind == "recall" else ctx.settings.divergence
+    return ProbeSpec(kind=kind, preset=ctx.settings.preset, settings=dict(settings))
+
+
+def _measure(ctx: Context, kind: str, config: tuple[str, ...]) -> dict[str, Any]:
+    """One probe run of one configuration, through isolate's oracles (in-process or a launched server)."""
+    from speedtrap.isolate import InProcessOracle, ServerOracle, TrialRequest
+
+    spec = _probe_spec(ctx, kind)
+    raw = ctx.run_dir / PROBES_DIR / ".raw"
+    oracle: Any
+    if ctx.source.in_process:
+        from speedtrap.isolate import TargetSpec
+
+        target = TargetSpec(name=ctx.source.target, overrides=tuple(sorted(ctx.settings.overrides.items())))
+        oracle = InProcessOracle(ctx.in_process_model(), target, spec)
+    else:
+        manifest = ctx.manifest
+        oracle = ServerOracle(manifest.target, manifest.patches, spec)
+    label = f"{kind}-{patches_slug(config)}"
+    try:
+        measurement = oracle.measure(TrialRequest(tuple(sorted(config)), 0, raw, label), 1)
+    finally:
+        oracle.close()
+    if measurement.report_path is None:
+        raise SpeedtrapError(f"the {kind} probe wrote no report", "check the run directory is writable")
+    path = Path(measurement.report_path)
+    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    path.unlink(missing_ok=True)
+    shutil.rmtree(raw, ignore_errors=True)
+    return result
+
+
+def probe(ctx: Context, kind: str, label: str, role: str, config: Sequence[str]) -> Part:
+    """Recall or divergence of one configuration (stored as ``probes/<kind>-<slug>.json``)."""
+    patches = tuple(config)
+    spec = _probe_spec(ctx, kind)
+    path = recall_path(ctx.run_dir, patches) if kind == "recall" else divergence_path(ctx.run_dir, patches)
+    command = (_commands.recall if kind == "recall" else _commands.divergence)(ctx.source, patches, spec.settings)
+
+    def make(key: str) -> Part:
+        return Part(kind, _measure(ctx, kind, patches), label, role, patches, command)
+
+    part = ctx.part(path, (kind, spec.identity(), sorted(patches)), make)
+    if part.label != label or part.role != role:  # the same measurement, seen in another role this time
+        part = dataclasses.replace(part, label=label, role=role)
+        from speedtrap.report import save_part
+
+        save_part(path, part)
+    return part
+
+
+def from_trial_report(
+    ctx: Context, spec: Any, result: Any, config: Sequence[str], label: str, role: str
+) -> Part | None:
+    """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
+    (same settings, same seed): no second measurement."""
+    mine = _probe_spec(ctx, "divergence")
+    if spec.probe.identity() != mine.identity():
+        return None
+    wanted = tuple(sorted(config))
+    for trial in result.trials:
+        if tuple(sorted(trial.config)) != wanted or trial.repeat != 0 or trial.status != "ok" or not trial.report_path:
+            continue
+        try:
+            doc = json.loads(Path(trial.report_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        patches = tuple(config)
+        part = Part(
+            "divergence", doc, label, role, patches, _commands.divergence(ctx.source, patches, mine.settings),
+            extra={"from_trial": trial.index},
+        )  # fmt: skip
+        path = divergence_path(ctx.run_dir, patches)
+        return ctx.part(path, ("divergence", mine.identity(), sorted(patches)), partial(_same, part))
+    return None
+
+
+def _same(part: Part, key: str) -> Part:
+    return part
+
+
+# -- isolation ----------------------------------------------------------------------------------
+
+
+def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
+    from speedtrap.isolate import manifest_for_target
+    from speedtrap.isolate._defaults import DEFAULT_PROBE, DEFAULT_VERDICT
+
+    if ctx.source.in_process:
+        probe = dataclasses.replace(DEFAULT_PROBE, preset=ctx.settings.preset, settings=dict(ctx.settings.divergence))
+        searched = ctx.settings.patches
+        names = set(searched) if searched is not None else None
+        prior = [p for p in prior if names is None or p in names]
+        return manifest_for_target(
+            str(ctx.source.target), searched, dict(ctx.settings.overrides), probe, DEFAULT_VERDICT, prior
+        )
+    manifest = ctx.manifest
+    if manifest.prior or not prior:
+        return manifest
+    names = {p.name for p in manifest.patches}
+    return dataclasses.replace(manifest, prior=tuple(p for p in prior if p in names))
+
+
+def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
+    """The culprit search (trials kept in ``isolate/trials.sqlite``; a rerun reuses every stored trial)."""
+    from speedtrap.isolate import Hooks, IsolateResult, isolate
+
+    spec = isolation_spec(ctx, prior)
+    folder = ctx.run_dir / ISOLATE_DIR
+    key_doc = {"spec": {k: v for k, v in spec.to_json().items() if k != "path"}, "base": ctx.base_key()}
+    key = json.dumps(key_doc, sort_keys=True, default=str)
+    result_file, key_file = folder / "result.json", folder / ISOLATE_KEY_FILE
+    try:
+        if key_file.read_text(encoding="utf-8") == key:
+            result = IsolateResult.from_json(json.loads(result_file.read_text(encoding="utf-8")))
+            ctx.reused.append(f"{ISOLATE_DIR}/result.json")
+            ctx.progress.start("isolate", len(result.trials), "reused")
+            ctx.progress.advance("isolate", len(result.trials))
+            return result
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ctx.progress.start("isolate", None)
+    hooks = Hooks(on_trial=lambda trial: ctx.progress.advance("isolate", 1, " + ".join(trial.config) or "baseline"))
+    model = ctx.in_process_model() if ctx.source.in_process else None
+    result = isolate(spec, folder, resume=True, model=model, hooks=hooks)
+    from speedtrap.report._io import write_atomic
+
+    write_atomic(key_file, key)
+    ctx.computed.append(f"{ISOLATE_DIR}/result.json")
+    return result
+
+
+# -- localization -------------------------------------------------------------------------------
+
+
+def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
+    """Layer diff and scale check of each culprit set (in-process targets only)."""
+    from speedtrap.localize import check_scale, default_ids, layer_diff
+
+    symbol = ctx.source.symbol
+    tokens = ctx.settings.tokens
+    ctx.progress.start("localize", len(culprits) * (2 if symbol else 1))
+    for patches in culprits:
+
+        def make_layers(key: str, patches: tuple[str, ...] = patches) -> Part:
+            model = ctx.in_process_model()
+            result = layer_diff(model, list(patches), default_ids(model, tokens))
+            command = _commands.layers(ctx.source, patches, tokens)
+            return Part("layers", result.to_json(), patches=patches, command=command)
+
+        ctx.part(layers_path(ctx.run_dir, patches), ("layers", sorted(patches), tokens), make_layers)
+        ctx.progress.advance("localize", 1, f"layer diff {' + '.join(patches)}")
+        if not symbol:
+            continue
+
+        def make_scale(key: str, patches: tuple[str, ...] = patches, symbol: str = symbol) -> Part:
+            model = ctx.in_process_model()
+            values = ctx.settings.scale_values
+            result = check_scale(model, default_ids(model, tokens), symbol, patches=list(patches), values=values)
+            command = _commands.scale(ctx.source, patches, tokens, values)
+            return Part("scale", result.to_json(), patches=patches, command=command)
+
+        values = None if ctx.settings.scale_values is None else list(ctx.settings.scale_values)
+        ctx.part(scale_path(ctx.run_dir, patches), ("scale", sorted(patches), tokens, symbol, values), make_scale)
+        ctx.progress.advance("localize", 1, f"scale check {' + '.join(patches)}")

@@ -1,0 +1,47 @@
+"""Probes: planted-fact recall and teacher-forced divergence, in-process and over HTTP."""
+
+from __future__ import annotations
+
+from speedtrap.probe._backend import Backend, ChatAnswer, PromptLogprobs, TokenDist
+from speedtrap.probe._conversations import Conversation, Fact, build_conversation
+from speedtrap.probe._divergence import (
+    BucketStats,
+    DivergenceReport,
+    DivergenceSettings,
+    PhaseDivergence,
+    arun_divergence,
+    run_divergence,
+)
+from speedtrap.probe._engine import Engine, Generation
+from speedtrap.probe._http import HttpBackend
+from speedtrap.probe._inprocess import InProcessBackend
+from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
+from speedtrap.probe._stats import KLStats, wilson
+
+__all__ = [
+    "Backend",
+    "BucketStats",
+    "ChatAnswer",
+    "Conversation",
+    "DivergenceReport",
+    "DivergenceSettings",
+    "Engine",
+    "Fact",
+    "Generation",
+    "HttpBackend",
+    "InProcessBackend",
+    "KLStats",
+    "PhaseDivergence",
+    "PromptLogprobs",
+    "RecallCell",
+    "RecallReport",
+    "RecallSample",
+    "RecallSettings",
+    "TokenDist",
+    "arun_divergence",
+    "arun_recall",
+    "build_conversation",
+    "run_divergence",
+    "run_recall",
+    "wilson",
+]

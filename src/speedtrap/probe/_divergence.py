@@ -1,0 +1,269 @@
+"""The divergence probe: baseline vs candidate next-token distributions on the same token sequences.
+
+Like llama.cpp's ``--kl-divergence``: KL(baseline || candidate) mean, median, p90, p99 and max,
+same-top-1 rate and RMS change of the correct token's probability, overall and by position
+bucket, for two phases: prefill (one forward over the sequence) and decode (a prefix prefilled,
+the tail fed one token at a time through the KV cache). In-process backends compare full
+distributions exactly; anything else compares the top-k logprobs a server returns (see
+:data:`APPROXIMATION`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from speedtrap._errors import ProbeError, UsageError
+from speedtrap.probe._backend import Backend, Prompt, TokenDist
+from speedtrap.probe._conversations import build_conversation
+from speedtrap.probe._inprocess import InProcessBackend
+from speedtrap.probe._progress import progress_bar
+from speedtrap.probe._recall import conversation_seed
+from speedtrap.probe._stats import KLStats, PositionStat, summarize
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+PHASES = ("prefill", "decode")
+APPROXIMATION = (
+    "top-{k} logprobs from the server: KL over the baseline's top-{k} tokens plus one bucket for the rest of the "
+    "vocabulary (a lower bound of the full KL), a token missing from the candidate's top-{k} taken at the "
+    "candidate's k-th logprob; decode steps are greedy continuations compared up to the first step where the two "
+    "choose different tokens, with the baseline's choice as the correct token"
+)
+
+
+@dataclass(frozen=True)
+class DivergenceSettings:
+    lengths: tuple[int, ...] = (512, 1024)  # sequence lengths in tokens
+    sequences: int = 1  # sequences per length
+    decode_tokens: int = 32  # tokens at the end fed one by one in the decode pass
+    bucket_size: int = 128  # position buckets of the report
+    seed: int = 0
+    top_k: int = 20  # logprobs asked of a server (HTTP only)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))  # lists from TOML or JSON
+        if not self.lengths or any(n < 64 for n in self.lengths):
+            raise UsageError(f"lengths must be at least 64 tokens: {self.lengths}", "pass --lengths like 512,1024")
+        if self.sequences < 1 or self.bucket_size < 1 or self.top_k < 1:
+            raise UsageError("sequences, bucket_size and top_k must be at least 1", "pass positive values")
+        if not 1 <= self.decode_tokens < min(self.lengths) // 2:
+            raise UsageError(
+                f"decode_tokens must be in 1..{min(self.lengths) // 2 - 1}", "pass a smaller --decode-tokens"
+            )
+
+    @classmethod
+    def quick(cls) -> DivergenceSettings:
+        return cls(lengths=(384,), sequences=1, decode_tokens=16, bucket_size=128)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "lengths": list(self.lengths)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DivergenceSettings:
+        return cls(**{**data, "lengths": tuple(int(n) for n in data["lengths"])})
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    start: int  # positions [start, end) of the predicted tokens
+    end: int
+    stats: KLStats
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "stats": self.stats.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BucketStats:
+        return cls(int(data["start"]), int(data["end"]), KLStats.from_json(data["stats"]))
+
+
+@dataclass(frozen=True)
+class PhaseDivergence:
+    overall: KLStats
+    by_bucket: list[BucketStats]
+
+    @classmethod
+    def of(cls, stats: Sequence[PositionStat], bucket_size: int) -> PhaseDivergence:
+        buckets: dict[int, list[PositionStat]] = {}
+        for s in stats:
+            buckets.setdefault(s.position // bucket_size, []).append(s)
+        size = bucket_size
+        by_bucket = [BucketStats(b * size, (b + 1) * size, summarize(buckets[b])) for b in sorted(buckets)]
+        return cls(summarize(stats), by_bucket)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overall": self.overall.to_json(), "by_bucket": [b.to_json() for b in self.by_bucket]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PhaseDivergence:
+        return cls(KLStats.from_json(data["overall"]), [BucketStats.from_json(b) for b in data["by_bucket"]])
+
+
+@dataclass
+class DivergenceReport:
+    baseline: str
+    candidate: str
+    settings: DivergenceSettings
+    phases: dict[str, PhaseDivergence]
+    approximation: str | None = None  # None: exact full-vocabulary distributions
+    elapsed_s: float = 0.0
+    sequence_tokens: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "probe": "divergence",
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "settings": self.settings.to_json(),
+            "phases": {k: v.to_json() for k, v in self.phases.items()},
+            "approximation": self.approximation,
+            "elapsed_s": self.elapsed_s,
+            "sequence_tokens": self.sequence_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DivergenceReport:
+        return cls(
+            baseline=str(data["baseline"]),
+            candidate=str(data["candidate"]),
+            settings=DivergenceSettings.from_json(data["settings"]),
+            phases={k: PhaseDivergence.from_json(v) for k, v in data["phases"].items()},
+            approximation=data.get("approximation"),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+            sequence_tokens=[int(n) for n in data.get("sequence_tokens", [])],
+        )
+
+
+# -- exact comparison of full distributions ---------------------------------------------------
+
+
+def exact_positions(base: Tensor, cand: Tensor, targets: Sequence[int], first: int) -> list[PositionStat]:
+    """Row i of the logits predicts ``targets[i]``, the token at position ``first + i``."""
+    import torch
+
+    out: list[PositionStat] = []
+    target = torch.tensor(list(targets), dtype=torch.long).unsqueeze(-1)
+    for lo in range(0, base.shape[0], 256):
+        lp = base[lo : lo + 256].double().log_softmax(-1)
+        lq = cand[lo : lo + 256].double().log_softmax(-1)
+        kl = (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0)
+        same = lp.argmax(-1) == lq.argmax(-1)
+        t = target[lo : lo + 256]
+        dp = lq.gather(-1, t).exp().squeeze(-1) - lp.gather(-1, t).exp().squeeze(-1)
+        for i, (k, s, d) in enumerate(zip(kl.tolist(), same.tolist(), dp.tolist(), strict=True)):
+            out.append(PositionStat(first + lo + i, k, bool(s), d))
+    return out
+
+
+def _exact(base: InProcessBackend, cand: InProcessBackend, ids: list[int], decode_tokens: int) -> dict[str, Any]:
+    prefill = exact_positions(base.prefill_logits(ids)[:-1], cand.prefill_logits(ids)[:-1], ids[1:], 1)
+    n = len(ids)
+    decode = exact_positions(
+        base.decode_logits(ids, decode_tokens), cand.decode_logits(ids, decode_tokens), ids[n - decode_tokens :],
+        n - decode_tokens,
+    )  # fmt: skip
+    return {"prefill": prefill, "decode": decode}
+
+
+# -- top-k comparison over HTTP ----------------------------------------------------------------
+
+
+def approx_kl(p: dict[str, float], q: dict[str, float]) -> float:
+    """KL(p || q) over p's listed tokens plus one "rest" bucket (see :data:`APPROXIMATION`)."""
+    if not p:
+        return 0.0
+    floor = min(q.values()) if q else -30.0
+    total = mass_p = mass_q = 0.0
+    for token, lp in p.items():
+        lq = q.get(token, floor)
+        pt = math.exp(lp)
+        total += pt * (lp - lq)
+        mass_p += pt
+        mass_q += math.exp(lq)
+    rest_p, rest_q = max(0.0, 1.0 - mass_p), max(1e-12, 1.0 - mass_q)
+    if rest_p > 1e-12:
+        total += rest_p * math.log(rest_p / rest_q)
+    return max(0.0, total)
+
+
+def compare_dists(position: int, base: TokenDist, cand: TokenDist, truth: str) -> PositionStat:
+    pb, pc = base.logprob_of(truth), cand.logprob_of(truth)
+    dp = None if pb is None and pc is None else math.exp(pc if pc is not None else -math.inf) - math.exp(
+        pb if pb is not None else -math.inf
+    )
+    return PositionStat(position, approx_kl(base.top, cand.top), base.argmax() == cand.argmax(), dp)
+
+
+async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int) -> dict[str, Any]:
+    pb, pc = await asyncio.gather(base.prompt_logprobs(prompt, k), cand.prompt_logprobs(prompt, k))
+    if pb.tokens != pc.tokens:
+        raise ProbeError("the two backends tokenized the sequence differently", "compare servers of the same model")
+    prefill = [
+        compare_dists(j, b, c, pb.tokens[j])
+        for j, (b, c) in enumerate(zip(pb.positions, pc.positions, strict=True))
+        if b is not None and c is not None
+    ]
+    n = len(pb.tokens)
+    start = n - decode_tokens
+    prefix: Prompt = "".join(pb.tokens[:start]) if isinstance(prompt, str) else list(prompt)[:start]
+    db, dc = await asyncio.gather(
+        base.decode_logprobs(prefix, decode_tokens, k), cand.decode_logprobs(prefix, decode_tokens, k)
+    )
+    decode = []
+    for i, (b, c) in enumerate(zip(db, dc, strict=False)):
+        decode.append(compare_dists(start + i, b, c, b.token))
+        if b.token != c.token:
+            break
+    return {"prefill": prefill, "decode": decode}
+
+
+async def _sequence(backend: Backend, settings: DivergenceSettings, length: int, index: int) -> Prompt:
+    """A conversation (planted facts, filler, a question and its answer) cut to ``length`` tokens where
+    the backend renders token ids; a server that only takes text gets the whole conversation."""
+    seed = conversation_seed(settings.seed + 7_919, length, index)
+    target = length + length // 4 + 64  # long enough to cut
+    conv, _ = await build_conversation(f"D{length}-s{index}", target, (0.2, 0.8), seed, backend.count_tokens)
+    prompt = await backend.render(conv.transcript(conv.facts[-1]))
+    return prompt if isinstance(prompt, str) else list(prompt)[:length]
+
+
+async def arun_divergence(
+    baseline: Backend, candidate: Backend, settings: DivergenceSettings, *, progress: bool = True
+) -> DivergenceReport:
+    started = time.perf_counter()
+    exact = isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
+    jobs = [(n, i) for n in settings.lengths for i in range(settings.sequences)]
+    stats: dict[str, list[PositionStat]] = {p: [] for p in PHASES}
+    lengths: list[int] = []
+    with progress_bar(progress, f"divergence {candidate.name}", len(jobs)) as advance:
+        for n, i in jobs:
+            prompt = await _sequence(baseline, settings, n, i)
+            if exact:
+                assert isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
+                ids = list(prompt) if not isinstance(prompt, str) else baseline._ids(prompt)
+                found = _exact(baseline, candidate, ids, settings.decode_tokens)
+                lengths.append(len(ids))
+            else:
+                found = await _topk(baseline, candidate, prompt, settings.decode_tokens, settings.top_k)
+                lengths.append(max((s.position for s in found["prefill"]), default=0) + 1)
+            for phase in PHASES:
+                stats[phase].extend(found[phase])
+            advance()
+    phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
+    approximation = None if exact else APPROXIMATION.format(k=settings.top_k)
+    return DivergenceReport(
+        baseline.name, candidate.name, settings, phases, approximation, time.perf_counter() - started, lengths
+    )
+
+
+def run_divergence(
+    baseline: Backend, candidate: Backend, settings: DivergenceSettings, *, progress: bool = True
+) -> DivergenceReport:
+    """Compare ``candidate``'s next-token distributions to ``baseline``'s, in prefill and decode."""
+    return asyncio.run(arun_divergence(baseline, candidate, settings, progress=progress))

@@ -1,0 +1,314 @@
+"""The HTTP backend: an OpenAI-compatible server (plus SGLang's and vLLM's extensions), over httpx.
+
+Requests run concurrently up to ``concurrency``; connection errors, timeouts and 5xx answers are
+retried with exponential backoff, 4xx answers never are. A prompt the server cannot hold fails
+loudly: token counts come from the server's ``/tokenize`` where it has one (else from the usage it
+reports), the count is checked against the context the server announces, and the usage of every
+answer is checked against the count, so a server that truncates silently is caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+
+from speedtrap._errors import ProbeError, ServerError, UsageError
+from speedtrap.probe._backend import STOP, ChatAnswer, Message, Prompt, PromptLogprobs, TokenDist
+from speedtrap.probe._http_parse import (
+    parse_chat,
+    parse_generation_logprobs,
+    parse_openai_echo,
+    parse_sglang_generate,
+    parse_vllm_prompt_logprobs,
+)
+
+Api = Literal["openai", "vllm", "sglang"]
+DEFAULT_TIMEOUT = 600.0  # seconds to wait for an answer: a long prompt on a busy server is slow
+CONTEXT_WORDS = ("context", "too long", "maximum", "exceed")
+AUTO_MODEL = frozenset({"", "default"})  # model names that mean "the first model the server lists"
+FALLBACK = frozenset({400, 404, 405, 422, 501})  # what a server without an optional endpoint answers
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return _one_line(resp.text)
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        return _one_line(str(err if err is not None else body))
+    return _one_line(str(body))
+
+
+def plain_text(messages: Sequence[Message]) -> str:
+    """A conversation as plain text ("role: content" paragraphs), for servers that cannot tokenize chats.
+
+    No chat-template markup: special tokens in a text prompt are echoed unreliably (llama-cpp-python
+    drops its BOS token, which SmolLM2's template uses as ``<|im_start|>``, from echoed logprobs).
+    """
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+class HttpBackend:
+    """A server at ``base_url`` serving ``model`` ("" or "default": the first model it lists)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "",
+        *,
+        concurrency: int = 8,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 4,
+        backoff: float = 0.5,
+        api: Api = "openai",
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise UsageError(f"not an http(s) URL: {base_url!r}", "give a base URL like http://127.0.0.1:8000")
+        if concurrency < 1:
+            raise UsageError("concurrency must be at least 1", "pass --concurrency 1 or more")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api: Api = api
+        self.retries = retries
+        self.backoff = backoff
+        self.concurrency = concurrency
+        self._timeout = timeout
+        self._transport = transport
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the client and semaphore belong to one loop
+        self._client: httpx.AsyncClient | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._connected = False
+        self._tokenize: bool | None = None  # whether POST /tokenize takes chat messages
+        self._shift: int | None = None  # the echo alignment, once detected
+        self.context: int | None = None  # the server's context length, where it says
+        self.name = f"{self.base_url}[{model or 'default'}]"
+
+    # -- transport -----------------------------------------------------------------------
+
+    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """This event loop's client (each ``asyncio.run`` gets a fresh one: clients cannot change loops)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._sem is None or self._loop is not loop:
+            self._loop = loop
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url,
+                timeout=httpx.Timeout(self._timeout, connect=min(10.0, self._timeout)),
+                limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
+                transport=self._transport,
+                headers=self._headers,
+            )
+            self._sem = asyncio.Semaphore(self.concurrency)
+        return self._client, self._sem
+
+    async def request(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, fallback: frozenset[int] = frozenset()
+    ) -> Any:
+        """The decoded JSON answer; None if the status is in ``fallback``. Retries what may pass."""
+        client, sem = self._session()
+        url = self.base_url + path
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1) * (1 + random.random() / 4))
+            try:
+                async with sem:
+                    resp = await client.request(method, path, json=payload)
+            except httpx.ConnectError as exc:
+                last = f"cannot connect ({_one_line(str(exc), 80) or 'connection refused'})"
+                continue
+            except httpx.TimeoutException as exc:
+                last = f"timed out ({type(exc).__name__})"
+                continue
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {_one_line(str(exc), 80)}"
+                continue
+            if resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+                continue
+            if resp.status_code in fallback:
+                return None
+            if resp.status_code >= 400:
+                raise self._client_error(resp, path)
+            try:
+                return resp.json()
+            except (ValueError, json.JSONDecodeError):
+                raise ServerError(
+                    f"{url} answered invalid JSON (HTTP {resp.status_code}): {_one_line(resp.text, 80)!r}",
+                    "check that the URL is an OpenAI-compatible server",
+                ) from None
+        raise ServerError(
+            f"{method} {url} failed after {self.retries + 1} attempts: {last}",
+            "check that the server is running and healthy at that URL",
+        )
+
+    def _client_error(self, resp: httpx.Response, path: str) -> Exception:
+        message = _error_message(resp)
+        lowered = message.lower()
+        if resp.status_code in {400, 413, 422} and any(w in lowered for w in CONTEXT_WORDS) and "token" in lowered:
+            return ProbeError(
+                f"the prompt is longer than the server's context: {message}",
+                "use shorter --lengths, or start the server with a larger context (llama.cpp: --n_ctx)",
+            )
+        if resp.status_code in {401, 403}:
+            return ServerError(f"{self.base_url}{path} refused the request (HTTP {resp.status_code})", "set an API key")
+        return ServerError(
+            f"{self.base_url}{path} rejected the request (HTTP {resp.status_code}): {message}",
+            "check --model and that the server supports this endpoint",
+        )
+
+    async def _post(self, path: str, payload: dict[str, Any], fallback: frozenset[int] = frozenset()) -> Any:
+        return await self.request("POST", path, payload, fallback)
+
+    # -- the Backend protocol -----------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Check the server answers and serves the model (picks the first model if none was given)."""
+        if self._connected:
+            return
+        data = await self.request("GET", "/v1/models")
+        models = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(models, list):
+            raise ServerError(f"{self.base_url}/v1/models is not a model list", "check the URL")
+        ids = [str(m.get("id")) for m in models if isinstance(m, dict)]
+        if self.model in AUTO_MODEL and ids:
+            self.model = ids[0]
+        elif ids and self.model not in ids:
+            raise UsageError(f"the server serves {', '.join(ids)}, not {self.model!r}", f"pass --model {ids[0]}")
+        for m in models:
+            if isinstance(m, dict) and m.get("id") == self.model and isinstance(m.get("max_model_len"), int):
+                self.context = m["max_model_len"]
+        self.name = f"{self.base_url}[{self.model}]"
+        self._connected = True
+
+    async def _tokenize_count(self, messages: list[Message]) -> int | None:
+        """The server's own count from ``/tokenize`` (vLLM's shape), or None where it has none."""
+        if self._tokenize is False:
+            return None
+        payload = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        data = await self._post("/tokenize", payload, FALLBACK)
+        if isinstance(data, dict) and isinstance(data.get("count", data.get("tokens")), int | list):
+            self._tokenize = True
+            if isinstance(data.get("max_model_len"), int):
+                self.context = data["max_model_len"]
+            count = data.get("count")
+            return count if isinstance(count, int) else len(data["tokens"])
+        self._tokenize = False
+        return None
+
+    async def count_tokens(self, messages: list[Message]) -> int:
+        await self.connect()
+        counted = await self._tokenize_count(messages)
+        if counted is not None:
+            return counted
+        answer = await self._chat(messages, 1)
+        if answer.prompt_tokens <= 0:
+            raise ServerError(f"{self.base_url} reports no token usage and has no /tokenize", "use another server")
+        return answer.prompt_tokens
+
+    async def _chat(self, messages: list[Message], max_tokens: int) -> ChatAnswer:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "seed": 0,
+            "stop": list(STOP),
+        }
+        return parse_chat(await self._post("/v1/chat/completions", payload))
+
+    async def chat(self, messages: list[Message], max_tokens: int) -> ChatAnswer:
+        await self.connect()
+        counted = await self._tokenize_count(messages)
+        if counted is not None and self.context is not None and counted + max_tokens > self.context:
+            raise ProbeError(
+                f"a prompt of {counted} tokens plus {max_tokens} new tokens does not fit the server's context "
+                f"of {self.context}",
+                "use shorter --lengths, or start the server with a larger context",
+            )
+        answer = await self._chat(messages, max_tokens)
+        if counted is not None and answer.prompt_tokens and answer.prompt_tokens != counted:
+            raise ProbeError(
+                f"the server processed {answer.prompt_tokens} prompt tokens where its tokenizer counts {counted} "
+                "(a truncated prompt)",
+                "use shorter --lengths, or start the server with a larger context",
+            )
+        return answer
+
+    async def render(self, messages: list[Message]) -> Prompt:
+        await self.connect()
+        if self._tokenize is not False:
+            payload = {"model": self.model, "messages": messages, "add_generation_prompt": False}
+            data = await self._post("/tokenize", payload, FALLBACK)
+            if isinstance(data, dict) and isinstance(data.get("tokens"), list):
+                self._tokenize = True
+                return [int(t) for t in data["tokens"]]
+            self._tokenize = False
+        return plain_text(messages)
+
+    async def prompt_logprobs(self, prompt: Prompt, top_k: int) -> PromptLogprobs:
+        await self.connect()
+        ids = None if isinstance(prompt, str) else [int(t) for t in prompt]
+        if self.api == "sglang":
+            if ids is None:
+                raise UsageError("SGLang prompt logprobs need token ids", "use a server with /tokenize")
+            payload: dict[str, Any] = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "top_logprobs_num": top_k,
+            }
+            return parse_sglang_generate(await self._post("/generate", payload), ids)
+        payload = {
+            "model": self.model,
+            "prompt": prompt if ids is None else ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "return_tokens_as_token_ids": True,
+        }
+        if self.api == "vllm":
+            if ids is None:
+                raise UsageError("vLLM prompt_logprobs need token ids", "use a server with /tokenize")
+            payload["prompt_logprobs"] = top_k
+            return parse_vllm_prompt_logprobs(await self._post("/v1/completions", payload), ids)
+        payload.update(echo=True, logprobs=top_k)
+        result = parse_openai_echo(
+            await self._post("/v1/completions", payload), None if ids is None else len(ids), self._shift
+        )
+        self._shift = result.shift
+        return result
+
+    async def decode_logprobs(self, prompt: Prompt, max_tokens: int, top_k: int) -> list[TokenDist]:
+        await self.connect()
+        payload = {
+            "model": self.model,
+            "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logprobs": top_k,
+            "return_tokens_as_token_ids": True,
+        }
+        return parse_generation_logprobs(await self._post("/v1/completions", payload))
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None

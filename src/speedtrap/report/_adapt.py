@@ -1,0 +1,193 @@
+"""From each stage's own JSON (``to_json()`` of triage, probe, isolate and localize results) to the
+report's sections. Reading JSON, not live objects, lets ``speedtrap report`` render any run directory;
+a document that lacks what a section needs raises ``KeyError``/``TypeError``/``ValueError``, which
+the run-directory loader turns into a line of the report's "Missing" section."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from speedtrap.report._model import (
+    Culprit,
+    DivergenceRun,
+    InteractionNote,
+    KLBucket,
+    KLSummary,
+    PhaseDivergence,
+    RecallCell,
+    RecallRun,
+    RecallSummary,
+    TriageRow,
+    TriageSection,
+    _f,
+)
+from speedtrap.report._stages import (
+    GrowthPoint,
+    IsolationSection,
+    JudgementRow,
+    LayerSection,
+    ScaleRow,
+    ScaleSection,
+    TrialRow,
+)
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of ``correct`` out of ``n`` (95% by default)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _gate_words(gate: Mapping[str, Any]) -> str:
+    kind = str(gate.get("kind", ""))
+    pairs = [f"{k}={v}" for section in ("env", "config") for k, v in (gate.get(section) or {}).items()]
+    pairs += [str(a) for a in gate.get("args") or []]
+    return f"{kind}: {', '.join(pairs)}" if pairs else kind or "-"
+
+
+def triage_section(doc: Mapping[str, Any], plan_markdown: str = "", command: str = "") -> TriageSection:
+    rows = []
+    for p in doc["patches"]:
+        ranking = p.get("ranking") or {}
+        declared = p.get("declared") or {}
+        phases = declared.get("phases") or (p.get("phases") or {}).get("value") or []
+        if isinstance(phases, str):
+            phases = [phases]
+        rows.append(
+            TriageRow(
+                name=str(p["name"]),
+                tier=int(p.get("tier", ranking.get("tier", 3))),
+                score=float(ranking.get("score", 0.0)),
+                kind=str(declared.get("kind", "")),
+                gate=_gate_words(p.get("gate_used") or p.get("gate") or {}),
+                scope=str(declared.get("scope", "")),
+                phases=tuple(str(x) for x in phases),
+                reasons=tuple(str(r) for r in ranking.get("reasons", [])),
+            )
+        )
+    return TriageSection(
+        str(doc.get("source", "")), tuple(rows), plan_markdown, tuple(str(w) for w in doc.get("warnings", [])), command
+    )
+
+
+def recall_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], command: str = "") -> RecallRun:
+    cells = tuple(RecallCell.from_json(dict(c)) for c in doc["cells"])
+    overall = doc.get("overall")
+    if overall is None:  # an older report without the pooled figures: pool the cells
+        n = sum(c.n for c in cells)
+        correct = sum(c.correct for c in cells)
+        low, high = wilson(correct, n)
+        summary = RecallSummary(n, correct, correct / n if n else 0.0, low, high)
+    else:
+        summary = RecallSummary.from_json(dict(overall))
+    return RecallRun(label, patches, summary, cells, command)
+
+
+def _kl(d: Mapping[str, Any]) -> KLSummary:
+    return KLSummary.from_json(dict(d))
+
+
+def divergence_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], command: str = "") -> DivergenceRun:
+    phases = doc["phases"]
+    items = phases.items() if isinstance(phases, Mapping) else ((p["phase"], p) for p in phases)
+    out = []
+    for name, phase in items:
+        buckets = phase.get("by_bucket", phase.get("buckets", []))
+        out.append(
+            PhaseDivergence(
+                str(name),
+                _kl(phase["overall"]),
+                tuple(KLBucket(int(b["start"]), int(b["end"]), _kl(b["stats"])) for b in buckets),
+            )
+        )
+    order = {"prefill": 0, "decode": 1}
+    out.sort(key=lambda p: order.get(p.phase, 2))
+    return DivergenceRun(label, patches, tuple(out), command)
+
+
+def rule_words(rule: Mapping[str, Any]) -> tuple[str, str, float | None]:
+    """The verdict rule in words, the figure it reads and its bound (for the trial-log figure)."""
+    metric = str(rule.get("metric", ""))
+    bound = rule.get("bound")
+    kind = str(rule.get("rule", rule.get("kind", "")))
+    direction = str(rule.get("direction", "above"))
+    if bound is not None:
+        sign = ">" if direction == "above" else "<"
+        words = f"fail when {metric} {sign} {float(bound):g}"
+        if rule.get("near"):
+            words += f" (repeat within ±{float(rule['near']):g})"
+        return words, metric, float(bound)
+    return (f"{kind}: {metric}" if kind else metric) or "-", metric, None
+
+
+def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSection:
+    words, metric, bound = rule_words(doc.get("rule") or {})
+    return IsolationSection(
+        status=str(doc["status"]),
+        message=str(doc.get("message", "")),
+        searched=tuple(str(s) for s in doc.get("searched", [])),
+        rule=words,
+        metric=metric,
+        bound=bound,
+        culprits=tuple(Culprit.from_json(dict(c)) for c in doc.get("culprits", [])),
+        interactions=tuple(InteractionNote.from_json(dict(i)) for i in doc.get("interactions", [])),
+        trials=tuple(TrialRow.from_json(dict(t)) for t in doc.get("trials", [])),
+        judgements=tuple(JudgementRow.from_json(dict(j)) for j in doc.get("judgements", [])),
+        launches=int(doc.get("launches", 0)),
+        reused=int(doc.get("reused", 0)),
+        notes=tuple(str(n) for n in doc.get("notes", [])),
+        command=command,
+    )
+
+
+def layer_section(doc: Mapping[str, Any], command: str = "") -> LayerSection:
+    first = doc.get("first_divergent")
+    detail = doc.get("first_divergent_detail") or {}
+    if first and not detail:
+        detail = next((m for m in doc.get("modules", []) if m.get("name") == first), {})
+    layer = detail.get("layer")
+    return LayerSection(
+        first_divergent=None if first is None else str(first),
+        first_divergent_layer=None if layer is None else int(layer),
+        first_rel_diff=_f(detail.get("rel_diff")),
+        threshold=float(doc["threshold"]),
+        tokens=int(doc.get("tokens", 0)),
+        modules_compared=len(doc.get("modules", [])),
+        modules_over_threshold=int(
+            doc.get(
+                "modules_over_threshold",
+                sum(1 for m in doc.get("modules", []) if (m.get("rel_diff") or 0) > float(doc["threshold"])),
+            )
+        ),
+        growth=tuple(GrowthPoint.from_json(dict(g)) for g in doc.get("growth", [])),
+        command=command,
+    )
+
+
+def scale_section(doc: Mapping[str, Any], command: str = "") -> ScaleSection:
+    rows = tuple(
+        ScaleRow(
+            str(u["module"]),
+            None if u.get("layer") is None else int(u["layer"]),
+            _f(u.get("exponent")),
+            None if u.get("times") is None else int(u["times"]),
+            str(u.get("verdict", "")),
+        )
+        for u in doc["units"]
+    )
+    exactly_once = bool(doc.get("exactly_once", bool(rows) and all(r.times == 1 for r in rows)))
+    return ScaleSection(
+        str(doc["param"]),
+        float(doc.get("nominal", 0.0)),
+        tuple(float(v) for v in doc.get("values", [])),
+        rows,
+        exactly_once,
+        command,
+    )

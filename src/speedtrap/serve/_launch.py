@@ -1,0 +1,64 @@
+"""Loading a target for serving: config overrides, patches switched on by their gates, then uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from speedtrap._errors import UsageError
+from speedtrap.patching import names_switched_on
+from speedtrap.targets import resolve_target
+from speedtrap.targets._base import InProcessModel
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """``["key=value", ...]`` -> ``{"key": "value"}``; a malformed item is a one-line error."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects key=value, got {item!r}", "pass e.g. --set routed_scaling_factor=1.5")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_for_serving(
+    target: str, overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> InProcessModel:
+    """The target loaded with its config overrides and the patches whose gates are on, as a server would."""
+    from speedtrap.targets.smolmoe import SmolMoETarget
+
+    resolved = resolve_target(target)
+    if isinstance(resolved, SmolMoETarget):
+        model = resolved.load(dict(overrides or {}), extra_patches=True)
+    else:
+        model = resolved.load(dict(overrides or {}))
+    env = os.environ if environ is None else environ
+    model.set_patches(names_switched_on(model.patch_infos(), env, model.config))
+    return model
+
+
+def serve(
+    target: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    overrides: Mapping[str, str] | None = None,
+    model_name: str | None = None,
+    prefix_cache: int = 8,
+    threads: int | None = None,
+) -> None:
+    """Load, print the patches that are on (one line on stderr), and serve until interrupted."""
+    import uvicorn
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    model = load_for_serving(target, overrides)
+    from speedtrap.serve._app import create_app
+
+    app = create_app(model, model_name=model_name, prefix_cache=prefix_cache)
+    print(f"speedtrap serve: patches on: {', '.join(model.active) or 'none'}", file=sys.stderr, flush=True)
+    print(f"speedtrap serve: {model_name or model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

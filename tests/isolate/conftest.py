@@ -1,0 +1,142 @@
+"""Fixtures for isolate's tests: simulated stacks (functions) and a tiny real server with manifests."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+TINY_SERVER = HERE / "tiny_server.py"
+TINY_PROBE = HERE / "tiny_probe.py"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def toml_text(tables: dict[str, dict[str, Any]], patches: Sequence[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        lines.append("")
+    for p in patches:
+        lines.append("[[patches]]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in p.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+TinyManifest = Callable[..., Path]
+
+
+@pytest.fixture
+def tiny_manifest(tmp_path: Path) -> TinyManifest:
+    """Write a manifest for the tiny server: patches gated by env vars (or ``--with NAME`` flags)."""
+
+    def write(
+        patches: Sequence[str],
+        fails: Sequence[dict[str, list[str]]],
+        flags: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        target: dict[str, Any] | None = None,
+        verdict: dict[str, Any] | None = None,
+        extra: dict[str, dict[str, Any]] | None = None,
+        name: str = "speedtrap.toml",
+        probe_args: Sequence[str] = (),
+    ) -> Path:
+        base_env = {"TINY_FAILS": json.dumps(list(fails)), "TINY_LAUNCHES": str(tmp_path / "launches.txt")}
+        base_env.update(env or {})
+        tables: dict[str, dict[str, Any]] = {
+            "target": {
+                "launch": [sys.executable, str(TINY_SERVER), "--port", "{port}"],
+                "health": "http://127.0.0.1:{port}/health",
+                "start_timeout": 20,
+                "stop_timeout": 5,
+                "env": base_env,
+                **(target or {}),
+            },
+            "probe": {
+                "kind": "command",
+                "argv": [sys.executable, str(TINY_PROBE), "{base_url}", *probe_args],
+                "timeout": 60,
+            },
+            "verdict": {
+                "rule": "threshold",
+                "metric": "metric",
+                "bound": 0.5,
+                "near": 0.0,
+                "repeats": 0,
+                **(verdict or {}),
+            },
+            **(extra or {}),
+        }
+        specs = []
+        for p in patches:
+            if p in flags:
+                specs.append({"name": p, "args": ["--with", p]})
+            else:
+                specs.append({"name": p, "env": {f"TINY_P_{p.upper()}": "1"}})
+        path = tmp_path / name
+        path.write_text(toml_text(tables, specs))
+        return path
+
+    return write
+
+
+def launches(path: Path) -> list[str]:
+    """The configurations the tiny server was launched with, one per launch (a test's ground truth)."""
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def launch_log(tmp_path: Path) -> Callable[[], list[str]]:
+    return lambda: launches(tmp_path / "launches.txt")
+
+
+Broken = Callable[[frozenset[str]], bool]
+
+
+def simulate_search(
+    names: Sequence[str],
+    broken: Broken | None = None,
+    metric: Callable[[frozenset[str], int], float] | None = None,
+    repeats: int = 0,
+    near: float = 0.0,
+    **search_kw: Any,
+) -> tuple[Any, int]:
+    """Run the real search on a simulated stack (metric 1 when broken, bound 0.5); returns (result, launches)."""
+    from speedtrap.isolate import Evaluator, FunctionOracle, Search, ThresholdRule, TrialStore
+
+    def fn(config: tuple[str, ...], repeat: int) -> dict[str, float]:
+        if metric is not None:
+            return {"metric": metric(frozenset(config), repeat)}
+        assert broken is not None
+        return {"metric": 1.0 if broken(frozenset(config)) else 0.0}
+
+    store = TrialStore(None)
+    run_id, _ = store.begin_run({}, {}, False)
+    evaluator = Evaluator(
+        FunctionOracle(fn, {"sim": 1}), ThresholdRule("metric", 0.5, "above", near), store, run_id, repeats=repeats
+    )
+    result = Search(list(names), evaluator, **search_kw).run()
+    store.close()
+    return result, evaluator.launches
+
+
+@pytest.fixture
+def simulate() -> Callable[..., tuple[Any, int]]:
+    return simulate_search

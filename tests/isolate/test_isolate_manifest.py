@@ -1,0 +1,198 @@
+"""speedtrap.toml for isolate: a valid manifest reads back; every invalid field is named in one line."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from speedtrap._errors import ManifestError
+from speedtrap.isolate import load_isolate_manifest, parse_manifest
+
+GOOD = """
+tree = "../sglang/python"   # read by triage, ignored here
+
+[target]
+launch = ["python", "-m", "llama_cpp.server", "--model", "{model}", "--port", "{port}"]
+model = "models/smol.gguf"
+health = "http://127.0.0.1:{port}/v1/models"
+start_timeout = 60
+env = { OMP_NUM_THREADS = "2" }
+
+[[patches]]
+name = "q8_kv"
+args = ["--type_k", "8", "--type_v", "8"]
+requires = ["flash_attn"]
+
+[[patches]]
+name = "flash_attn"
+args = ["--flash_attn", "true"]
+
+[[patches]]
+name = "env_patch"
+env = { MY_FAST_PATH = "1" }
+conflicts = ["q8_kv"]
+
+[[patches]]
+name = "compiled_in"
+gate = "ungated"
+diff = "patches/compiled.diff"
+
+[probe]
+kind = "divergence"
+settings = { lengths = [256], decode_tokens = 8 }
+
+[verdict]
+metric = "decode.kl_p99"
+bound = 0.3
+repeats = 1
+
+[search]
+prior = ["env_patch"]
+"""
+
+
+def parse(text: str, base: Path = Path("/m")) -> Any:
+    return parse_manifest(tomllib.loads(text), base)
+
+
+def test_a_valid_manifest_reads_back() -> None:
+    m = parse(GOOD)
+    assert m.target.launch[-1] == "{port}" and m.target.model == "/m/models/smol.gguf"
+    assert m.target.health.endswith("/v1/models") and m.target.start_timeout == 60
+    assert [p.name for p in m.patches] == ["q8_kv", "flash_attn", "env_patch", "compiled_in"]
+    assert [p.gate for p in m.patches] == ["flag", "flag", "env", "ungated"]
+    assert m.patches[0].requires == ("flash_attn",) and m.patches[2].conflicts == ("q8_kv",)
+    assert m.patches[3].diff == Path("/m/patches/compiled.diff")
+    assert m.probe.kind == "divergence" and m.probe.settings == {"lengths": [256], "decode_tokens": 8}
+    assert (m.verdict.rule, m.verdict.metric, m.verdict.bound, m.verdict.repeats) == (
+        "threshold",
+        "decode.kl_p99",
+        0.3,
+        1,
+    )
+    assert m.prior == ("env_patch",)
+
+
+def test_an_in_process_manifest_needs_no_patches() -> None:
+    m = parse('[target]\nname = "smol-moe"\noverrides = { routed_scaling_factor = 1.5 }\n[verdict]\nbound = 1.0\n')
+    assert m.target.in_process and m.target.overrides == (("routed_scaling_factor", "1.5"),) and m.patches == ()
+
+
+def _swap(old: str, new: str) -> str:
+    assert old in GOOD
+    return GOOD.replace(old, new, 1)
+
+
+BAD = [
+    (_swap('launch = ["python"', 'name = "smol-moe"\nlaunch = ["python"'), "exactly one of target.name"),
+    (_swap('"--port", "{port}"]', '"--port", "8000"]'), "target.launch has no {port} placeholder"),
+    (_swap('model = "models/smol.gguf"\n', ""), "target.launch uses {model} but target.model is not set"),
+    (_swap("start_timeout = 60", 'start_timeout = "soon"'), "target.start_timeout must be a number"),
+    (_swap("start_timeout = 60", "start_timout = 60"), "target.start_timout is not a known field"),
+    (_swap('health = "http://', 'health = "ftp://'), "target.health must be an http:// URL"),
+    (_swap('OMP_NUM_THREADS = "2"', "OMP_NUM_THREADS = [2]"), "target.env.OMP_NUM_THREADS must be a string"),
+    (_swap('name = "flash_attn"', 'name = "q8_kv"'), "patches[1].name 'q8_kv' is used twice"),
+    (_swap('MY_FAST_PATH = "1"', "MY_FAST_PATH = { a = 1 }"), "patches[2].env.MY_FAST_PATH must be a string"),
+    (_swap('args = ["--flash_attn", "true"]', 'args = "--flash_attn"'), "patches[1].args must be a list"),
+    (_swap('requires = ["flash_attn"]', 'requires = ["flash"]'), "patches[0].requires[0] names no patch: 'flash'"),
+    (_swap('conflicts = ["q8_kv"]', 'conflicts = ["env_patch"]'), "patches[2].conflicts[0]: patch 'env_patch' names"),
+    (_swap('name = "flash_attn"\n', 'name = "flash_attn"\nrequires = ["q8_kv"]\n'), "requires forms a cycle"),
+    (_swap('gate = "ungated"', 'gate = "sometimes"'), 'patches[3].gate must be "ungated"'),
+    (_swap('gate = "ungated"', 'gate = "ungated"\nenv = { X = "1" }'), "patches[3] is marked ungated but has"),
+    (_swap('kind = "divergence"', 'kind = "vibes"'), "probe.kind 'vibes' is not one of"),
+    (_swap('kind = "divergence"', 'kind = "command"'), 'probe.kind = "command" needs probe.argv'),
+    (_swap("bound = 0.3", "bound = true"), "verdict.bound must be a number"),
+    (_swap("bound = 0.3\n", ""), "verdict.bound is missing"),
+    (_swap("repeats = 1", "repeats = -1"), "verdict.repeats must be an integer >= 0"),
+    (_swap('metric = "decode.kl_p99"', 'rule = "recall_drop"'), 'verdict.rule = "recall_drop" needs probe.kind'),
+    (_swap('prior = ["env_patch"]', 'prior = ["nope"]'), "search.prior[0] names no patch: 'nope'"),
+    (GOOD.split("[[patches]]")[0], "manifest has no [[patches]] tables"),
+    ("[probe]\nkind = 'recall'\n", "manifest has no [target] table"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[m for _, m in BAD])
+def test_an_invalid_field_is_named(text: str, message: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse(text)
+    assert message in info.value.one_line()
+    assert "\n" not in info.value.one_line() and info.value.fix
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="does not exist"):
+        load_isolate_manifest(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[target\nname = 1")
+    with pytest.raises(ManifestError, match="is not valid TOML"):
+        load_isolate_manifest(bad)
+
+
+def test_triage_reads_the_same_file(tmp_path: Path) -> None:
+    from speedtrap.triage import load_manifest
+
+    path = tmp_path / "speedtrap.toml"
+    path.write_text(GOOD)
+    assert [p.name for p in load_manifest(path).patches] == [p.name for p in load_isolate_manifest(path).patches]
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(-2, 2),
+    st.text(max_size=6),
+    st.sampled_from(["{port}", "{model}", "x", "ungated", "command", "recall_drop", "p0", "p1"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["name", "env", "args", "requires", "conflicts", "gate", "bound", "kind", "X"]),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "target": st.dictionaries(
+                st.sampled_from(
+                    ["name", "launch", "model", "health", "env", "retries", "start_timeout", "overrides", "cwd"]
+                ),
+                _values,
+                max_size=4,
+            ),
+            "patches": st.lists(
+                st.dictionaries(
+                    st.sampled_from(["name", "env", "args", "requires", "conflicts", "gate", "config", "diff"]),
+                    _values,
+                    max_size=4,
+                ),
+                max_size=3,
+            ),
+            "probe": st.dictionaries(st.sampled_from(["kind", "argv", "settings", "preset"]), _values, max_size=3),
+            "verdict": st.dictionaries(
+                st.sampled_from(["rule", "metric", "bound", "near", "repeats"]), _values, max_size=3
+            ),
+            "search": st.dictionaries(st.sampled_from(["prior", "parallel"]), _values, max_size=2),
+        },
+    )
+)
+def test_any_document_parses_or_fails_with_a_manifest_error(data: dict[str, Any]) -> None:
+    try:
+        parse_manifest(data, Path("/m"))
+    except ManifestError as exc:
+        assert exc.one_line() and "\n" not in exc.problem

@@ -1,0 +1,204 @@
+"""The search on simulated stacks, against brute force over every subset."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from speedtrap.isolate import InteractionKind, Relations, Status, Verdict, minimal_transversals
+
+Simulate = Callable[..., tuple[Any, int]]
+
+
+def brute_force_minimal_sets(names: list[str], broken: Callable[[frozenset[str]], bool]) -> set[frozenset[str]]:
+    """Every failing subset none of whose proper subsets fails (all 2^n subsets evaluated)."""
+    failing = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
+    failing = [s for s in failing if broken(s)]
+    return {s for s in failing if not any(o < s for o in failing)}
+
+
+@st.composite
+def monotone_worlds(draw: st.DrawFn) -> tuple[list[str], list[frozenset[str]]]:
+    n = draw(st.integers(2, 9))
+    names = [f"p{i}" for i in range(n)]
+    k = draw(st.integers(0, 3))
+    sets: list[frozenset[str]] = []
+    for _ in range(k):
+        size = draw(st.integers(1, min(3, n)))
+        sets.append(frozenset(draw(st.permutations(names))[:size]))
+    return names, sets
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(monotone_worlds())
+def test_monotone_search_equals_brute_force(world: tuple[list[str], list[frozenset[str]]]) -> None:
+    from conftest import simulate_search
+
+    names, sets = world
+
+    def broken(s: frozenset[str]) -> bool:
+        return any(m <= s for m in sets)
+
+    truth = brute_force_minimal_sets(names, broken)
+    result, launches = simulate_search(names, broken)
+    if not truth:
+        assert result.status is Status.FULL_PASSES
+        return
+    assert result.status is Status.FOUND
+    assert {frozenset(c.patches) for c in result.culprits} == truth
+    assert all(c.confirmed for c in result.culprits)
+    # In a monotone world the only interactions are sets that fail only together.
+    assert {frozenset(i.patches) for i in result.interactions} == {m for m in truth if len(m) > 1}
+    assert all(i.kind is InteractionKind.JOINT for i in result.interactions)
+    assert launches < 2 ** len(names) + 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(3, 10), st.data())
+def test_a_pair_correct_only_together_is_an_interaction_not_two_culprits(n: int, data: st.DataObject) -> None:
+    from conftest import simulate_search
+
+    names = [f"p{i}" for i in range(n)]
+    a, b, c = data.draw(st.permutations(names))[:3]
+    masked = data.draw(st.booleans())  # masked: b alone is harmless; else b alone fails too (cancel)
+
+    def broken(s: frozenset[str]) -> bool:
+        if c in s:
+            return True
+        return (a in s and b not in s) if masked else ((a in s) != (b in s))
+
+    result, _ = simulate_search(names, broken)
+    assert result.status is Status.FOUND
+    assert result.culprit_names == [(c,)]
+    for interaction in result.interactions:
+        assert set(interaction.patches) == {a, b}
+        assert interaction.kind in (InteractionKind.MASKED, InteractionKind.CANCEL)
+
+
+def test_the_constructed_pair_is_reported_as_cancel(simulate: Simulate) -> None:
+    # router adds the factor (a), combine drops it (b): each alone wrong, together right; c is a real bug.
+    names = ["a", "x", "c", "y", "b"]
+
+    def broken(s: frozenset[str]) -> bool:
+        return "c" in s or (("a" in s) != ("b" in s))
+
+    result, _ = simulate(names, broken)
+    assert result.culprit_names == [("c",)]
+    (interaction,) = result.interactions
+    assert interaction.kind is InteractionKind.CANCEL and interaction.patches == ("a", "b")
+    verdicts = {j.config: j.verdict for j in result.judgements}
+    assert all(verdicts[cfg] is Verdict.PASS for cfg in interaction.passing)
+    assert all(verdicts[cfg] is Verdict.FAIL for cfg in interaction.failing)
+
+
+def test_a_pair_failing_only_together_is_a_joint_culprit_set(simulate: Simulate) -> None:
+    names = [f"p{i}" for i in range(8)]
+    result, _ = simulate(names, lambda s: {"p1", "p6"} <= s)
+    assert result.culprit_names == [("p1", "p6")]
+    (joint,) = result.interactions
+    assert joint.kind is InteractionKind.JOINT and set(joint.passing) == {("p1",), ("p6",)}
+    verdicts = {j.config: j.verdict for j in result.judgements}
+    assert verdicts[("p1",)] is Verdict.PASS and verdicts[("p6",)] is Verdict.PASS  # each alone was tested
+
+
+def test_baseline_failing_and_full_set_passing_stop_the_search(simulate: Simulate) -> None:
+    names = ["a", "b", "c"]
+    result, launches = simulate(names, lambda s: True)
+    assert result.status is Status.BASELINE_FAILS and launches == 1 and not result.culprits
+    result, launches = simulate(names, lambda s: False)
+    assert result.status is Status.FULL_PASSES and launches == 2 and not result.culprits
+    assert "does not fail" in result.message
+
+
+def test_launches_for_one_culprit_stay_within_log2_n_plus_four(simulate: Simulate) -> None:
+    for n in (8, 16, 32, 64):
+        names = [f"p{i}" for i in range(n)]
+        worst = 0
+        for culprit in names:
+            result, launches = simulate(names, lambda s, c=culprit: c in s)
+            assert result.culprit_names == [(culprit,)]
+            worst = max(worst, launches)
+        assert worst <= math.ceil(math.log2(n)) + 4, (n, worst)
+
+
+def test_a_prior_ordering_finds_a_likely_suspect_sooner(simulate: Simulate) -> None:
+    names = [f"p{i}" for i in range(32)]
+    plain, plain_launches = simulate(names, lambda s: "p20" in s)
+    ranked, ranked_launches = simulate(names, lambda s: "p20" in s, prior=["p20"])
+    assert plain.culprit_names == ranked.culprit_names == [("p20",)]
+    assert ranked_launches == 4 < plain_launches  # baseline, full, {p20}, everything but p20
+
+
+def test_more_capacity_gives_the_same_verdict_in_fewer_rounds(simulate: Simulate) -> None:
+    names = [f"p{i}" for i in range(32)]
+    rng = random.Random(3)
+    for _ in range(10):
+        bad = set(rng.sample(names, 2))
+
+        def broken(s: frozenset[str], bad: set[str] = bad) -> bool:
+            return bool(bad & s)
+
+        one, _ = simulate(names, broken, capacity=1)
+        four, _ = simulate(names, broken, capacity=4)
+        assert {c.patches for c in one.culprits} == {c.patches for c in four.culprits} == {(b,) for b in bad}
+
+
+def test_requires_and_conflicts_are_applied_by_the_gate(simulate: Simulate) -> None:
+    names = ["base_kernel", "fast_path", "alt_path", "other"]
+    relations = Relations(
+        requires={"fast_path": ("base_kernel",)}, conflicts={"alt_path": ("fast_path",), "fast_path": ("alt_path",)}
+    )
+    seen: list[frozenset[str]] = []
+
+    def broken(s: frozenset[str]) -> bool:
+        seen.append(s)
+        return "fast_path" in s
+
+    result, _ = simulate(names, broken, relations=relations)
+    assert result.culprit_names == [("base_kernel", "fast_path")]  # fast_path cannot run without its requirement
+    assert result.not_searched == {"alt_path": "conflicts with fast_path, which is searched instead"}
+    assert not result.interactions and "fast_path requires base_kernel" in result.culprits[0].note
+    assert all(not ({"fast_path"} <= s and "base_kernel" not in s) for s in seen)
+    assert all(not {"fast_path", "alt_path"} <= s for s in seen)
+
+
+def test_noise_is_repeated_and_pooled_and_a_tie_ends_inconclusive(simulate: Simulate) -> None:
+    names = [f"p{i}" for i in range(8)]
+
+    def metric(s: frozenset[str], repeat: int) -> float:
+        noise = random.Random(f"{sorted(s)}|{repeat}").gauss(0, 0.25)
+        return (1.0 if "p3" in s else 0.0) + noise
+
+    result, _ = simulate(names, metric=metric, repeats=4, near=0.4)
+    assert result.culprit_names == [("p3",)]
+    assert any(len(j.trials) > 1 for j in result.judgements)  # some verdicts were near and repeated
+
+    def borderline(s: frozenset[str], repeat: int) -> float:
+        return 0.5 if "p5" in s else 0.0  # exactly at the bound: no amount of repeats can call it
+
+    result, _ = simulate(names, metric=borderline, repeats=2, near=0.2)
+    assert result.status is Status.INCONCLUSIVE
+    full = next(j for j in result.judgements if len(j.config) == len(names))
+    assert full.verdict is Verdict.INCONCLUSIVE and len(full.trials) == 3
+    assert tuple(names) in result.inconclusive
+
+
+def test_minimal_transversals_match_brute_force() -> None:
+    rng = random.Random(7)
+    universe = [f"x{i}" for i in range(6)]
+    for _ in range(50):
+        family = [set(rng.sample(universe, rng.randint(1, 3))) for _ in range(rng.randint(1, 3))]
+        hits = [
+            frozenset(c)
+            for r in range(7)
+            for c in itertools.combinations(universe, r)
+            if all(set(c) & m for m in family)
+        ]
+        truth = {h for h in hits if not any(o < h for o in hits)}
+        assert set(minimal_transversals(family, {u: i for i, u in enumerate(universe)})) == truth

@@ -1,0 +1,81 @@
+"""A tiny real HTTP server for isolate's tests: a "stack" whose breakage is set by its environment.
+
+Patches are switched on by env vars ``TINY_P_<NAME>=1`` or by ``--with NAME`` arguments. ``TINY_FAILS``
+is a JSON list of terms ``{"all": [...], "none": [...]}``; the stack is broken when one term holds.
+GET /health (503 while ``TINY_NEVER_HEALTHY`` is set), GET /figures?repeat=R -> {"metric": ...},
+GET /pid. ``TINY_LAUNCHES`` names a file that gets one line per launch (the configuration).
+``TINY_DIE_ON=<name>``: with that patch on, the server SIGKILLs itself when asked for figures.
+``TINY_NOISE=<sigma>``: the metric gets seeded Gaussian noise (seed: configuration and repeat).
+The server exits when its parent process dies, so a killed test leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+PORT = int(sys.argv[sys.argv.index("--port") + 1])
+ON = {k[len("TINY_P_") :].lower() for k, v in os.environ.items() if k.startswith("TINY_P_") and v == "1"}
+ON |= {sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--with"}
+TERMS = json.loads(os.environ.get("TINY_FAILS", "[]"))
+BROKEN = any(set(t.get("all", [])) <= ON and not set(t.get("none", [])) & ON for t in TERMS)
+CONFIG = ",".join(sorted(ON))
+
+
+def metric(repeat: int) -> float:
+    value = 1.0 if BROKEN else 0.0
+    sigma = float(os.environ.get("TINY_NOISE", "0"))
+    if sigma:
+        value += random.Random(f"{CONFIG}|{repeat}").gauss(0.0, sigma)
+    return value
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        if url.path == "/health":
+            self._send(503 if os.environ.get("TINY_NEVER_HEALTHY") else 200, {"ok": True})
+        elif url.path == "/pid":
+            self._send(200, {"pid": os.getpid()})
+        elif url.path == "/figures":
+            if os.environ.get("TINY_DIE_ON") in ON:
+                os.kill(os.getpid(), signal.SIGKILL)
+            repeat = int(parse_qs(url.query).get("repeat", ["0"])[0])
+            time.sleep(float(os.environ.get("TINY_PROBE_DELAY", "0")))
+            self._send(200, {"metric": metric(repeat), "config": CONFIG})
+        else:
+            self._send(404, {})
+
+    def _send(self, code: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        sys.stderr.write("tiny: " + (format % args) + "\n")
+
+
+def watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(0.3)
+
+
+if __name__ == "__main__":
+    threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
+    if os.environ.get("TINY_LAUNCHES"):
+        with open(os.environ["TINY_LAUNCHES"], "a") as f:
+            f.write(CONFIG + "\n")
+    print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()

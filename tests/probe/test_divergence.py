@@ -1,0 +1,87 @@
+"""The divergence probe in-process: zero against itself, precision and decode-only patches, sensitivity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from probe_helpers import MLP_X15
+
+from speedtrap.probe import (
+    DivergenceReport,
+    DivergenceSettings,
+    InProcessBackend,
+    RecallReport,
+    RecallSettings,
+    run_divergence,
+    run_recall,
+)
+from speedtrap.targets._base import InProcessModel
+
+# One 320-token conversation (chunked_prefill cuts it at 256); the last 12 tokens decoded one by one.
+SETTINGS = DivergenceSettings(lengths=(320,), sequences=1, decode_tokens=12, bucket_size=64)
+HARMLESS = ("fused_rmsnorm", "moe_fused_experts", "chunked_prefill")
+# The margin the sensitivity test demands: the 1.5x change's mean KL over the harmless patches' worst p99.
+SENSITIVITY_MARGIN = 100.0
+
+
+@pytest.fixture(scope="module")
+def base(smol_scaled: InProcessModel) -> InProcessBackend:
+    """The baseline; it keeps its logits, so each comparison below computes only the candidate."""
+    return InProcessBackend(smol_scaled)
+
+
+def _divergence(base: InProcessBackend, model: InProcessModel, patches: list[str]) -> DivergenceReport:
+    return run_divergence(base, InProcessBackend(model, patches), SETTINGS, progress=False)
+
+
+def test_baseline_against_itself_is_exactly_zero(base: InProcessBackend, smol_scaled: InProcessModel) -> None:
+    report = _divergence(base, smol_scaled, [])
+    assert report.approximation is None and set(report.phases) == {"prefill", "decode"}
+    assert report.sequence_tokens == [320]
+    for phase in report.phases.values():
+        s = phase.overall
+        assert (s.kl_max, s.same_top1, s.rms_dp) == (0.0, 1.0, 0.0)
+    assert report.phases["decode"].overall.tokens == SETTINGS.decode_tokens
+    assert report.phases["prefill"].overall.tokens == report.sequence_tokens[0] - 1
+    assert DivergenceReport.from_json(json.loads(json.dumps(report.to_json()))).to_json() == report.to_json()
+
+
+def test_a_precision_patch_diverges_in_every_position_bucket(
+    base: InProcessBackend, smol_scaled: InProcessModel
+) -> None:
+    report = _divergence(base, smol_scaled, ["lm_head_bf16"])
+    prefill = report.phases["prefill"]
+    assert 0 < prefill.overall.kl_mean < 0.05
+    assert len(prefill.by_bucket) == 5  # positions 1-319 in buckets of 64
+    assert all(b.stats.kl_mean > 0 and b.stats.tokens > 0 for b in prefill.by_bucket)
+    assert prefill.overall.kl_max >= prefill.overall.kl_p99 >= prefill.overall.kl_p90 >= prefill.overall.kl_median
+    assert report.phases["decode"].overall.kl_mean > 0
+
+
+def test_a_decode_only_patch_is_invisible_to_prefill(base: InProcessBackend, smol_scaled: InProcessModel) -> None:
+    report = _divergence(base, smol_scaled, ["fp8_kv_cache"])
+    assert report.phases["prefill"].overall.kl_max == 0.0
+    assert report.phases["decode"].overall.kl_mean > 1e-4
+
+
+def test_a_change_recall_cannot_see_stands_out_in_divergence(
+    base: InProcessBackend, smol_scaled: InProcessModel
+) -> None:
+    scaled = _divergence(base, smol_scaled, [MLP_X15])
+    harmless = {name: _divergence(base, smol_scaled, [name]) for name in HARMLESS}
+    noise = max(r.phases[p].overall.kl_p99 for r in harmless.values() for p in ("prefill", "decode"))
+    signal = min(scaled.phases[p].overall.kl_mean for p in ("prefill", "decode"))
+    figures = {n: {p: r.phases[p].overall.kl_p99 for p in r.phases} for n, r in harmless.items()}
+    assert signal > SENSITIVITY_MARGIN * noise, (signal, figures)
+    assert all(r.phases[p].overall.same_top1 >= 0.99 for r in harmless.values() for p in r.phases)
+
+
+@pytest.mark.slow
+def test_the_same_change_is_invisible_to_recall(smol_scaled: InProcessModel, grid_baseline: RecallReport) -> None:
+    """The other half of the sensitivity claim, measured (anchors.md: 8/8 at every length)."""
+    settings = RecallSettings(lengths=(1024,), depths=(0.1, 0.9), samples=2, seed=0)
+    scaled = run_recall(InProcessBackend(smol_scaled, [MLP_X15]), settings, progress=False)
+    same_cells = [c for c in grid_baseline.cells if c.length == 1024 and c.depth in settings.depths]
+    assert scaled.overall.accuracy >= 0.75, scaled.answers()
+    assert scaled.overall.high >= sum(c.accuracy for c in same_cells) / len(same_cells)

@@ -1,0 +1,78 @@
+"""A real peer no one here wrote: llama.cpp's OpenAI-compatible server (llama-cpp-python) on the same GGUF."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+
+import pytest
+from probe_helpers import HTTP_GRID, THREADS, Server, free_port, start_server, stop_server
+
+from speedtrap._errors import ProbeError
+from speedtrap.probe import HttpBackend, RecallSettings, run_recall
+from speedtrap.probe._http import plain_text
+from speedtrap.targets.smolmoe.weights import default_gguf_path
+
+pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is in the dev extras")
+
+N_CTX = 2048
+TEXT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Tell me something about gardening."},
+    {
+        "role": "assistant",
+        "content": "Gardening is a relaxing hobby. Tomatoes need plenty of sun, regular watering and a stake "
+        "to climb. Basil grows well beside them and keeps some pests away.",
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = free_port()
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", str(THREADS),
+            "--n_threads_batch", str(THREADS), "--verbose", "False"]  # fmt: skip
+    server = start_server(argv, port, tmp_path_factory.mktemp("llama") / "llama.log")
+    yield server
+    stop_server(server)
+
+
+def test_recall_runs_unchanged_against_llama_cpp(llama: Server) -> None:
+    report = run_recall(HttpBackend(llama.url), HTTP_GRID, progress=False)  # model "": the one it serves
+    assert report.overall.n == 4
+    assert report.overall.accuracy >= 0.75, report.answers()  # anchors.md: 8/8 up to 689 tokens
+    assert all(s.prompt_tokens <= max(HTTP_GRID.lengths) for s in report.samples)
+
+
+def test_llama_cpp_echo_logprobs_are_shifted_and_realigned(llama: Server) -> None:
+    """llama-cpp-python returns echo entry i as the distribution *after* token i; the parser detects it.
+
+    Ground truth comes from another endpoint: the logprobs of one greedily generated token (whose
+    alignment is checked: a greedy token is its own step's argmax) are the distribution after the
+    prompt, which must equal the echoed distribution of the next position under the detected alignment.
+    """
+    backend = HttpBackend(llama.url)
+    text = plain_text(TEXT)
+    echo = asyncio.run(backend.prompt_logprobs(text, 10))
+    assert echo.shift == 1 and echo.source == "openai-echo"
+    # cut the prompt at a word start, so the prefix text tokenizes to the same tokens
+    cut = next(j for j in range(len(echo.tokens) - 2, 10, -1) if echo.tokens[j].startswith(" "))
+    prefix = "".join(echo.tokens[:cut])
+    step = asyncio.run(backend.decode_logprobs(prefix, 1, 10))[0]
+    aligned = echo.positions[cut]
+    assert aligned is not None
+    assert aligned.argmax() == step.argmax()
+    shared = [t for t in step.top if t in aligned.top][:5]
+    assert len(shared) >= 3
+    assert all(abs(aligned.top[t] - step.top[t]) < 0.05 for t in shared)
+    # the raw reading (entry i predicts token i, as OpenAI documents) would be a different distribution
+    raw = echo.positions[cut + 1]
+    assert raw is not None and raw.top != aligned.top
+
+
+def test_a_prompt_longer_than_llama_cpp_context_fails_loudly(llama: Server) -> None:
+    settings = RecallSettings(lengths=(N_CTX + 300,), depths=(0.5,), samples=1)
+    with pytest.raises(ProbeError, match="context"):
+        run_recall(HttpBackend(llama.url, retries=0), settings, progress=False)

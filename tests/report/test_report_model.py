@@ -1,0 +1,51 @@
+"""report.json: its published schema, validation, and the data model's JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from speedtrap._errors import StoreError
+from speedtrap.report import ReportData, Verdict, load_report_data, report_schema, schema_errors, write_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_published_schema_is_the_one_the_package_validates_with() -> None:
+    published = json.loads((REPO / "schemas" / "report.schema.json").read_text())
+    assert published == report_schema()
+    assert published["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert published["properties"]["schema_version"]["const"] == 1
+
+
+def test_report_json_of_a_real_run_validates_and_round_trips(run_dir: Path) -> None:
+    document = json.loads((run_dir / "report.json").read_text())
+    assert schema_errors(document) == []
+    assert document["kind"] == "speedtrap-report"
+    data = ReportData.from_json(document)
+    assert data.to_json() == document
+    assert ReportData.from_json(json.loads(json.dumps(data.to_json()))) == data
+
+
+def test_the_schema_rejects_what_a_program_could_not_read(run_dir: Path) -> None:
+    document = json.loads((run_dir / "report.json").read_text())
+    broken = {k: v for k, v in document.items() if k != "verdict"}
+    assert any("verdict" in e for e in schema_errors(broken))
+    assert schema_errors({**document, "schema_version": 2})
+    cells = document["recall"][0]["cells"]
+    bad_cell = {**cells[0], "accuracy": 1.5}
+    bad = {**document, "recall": [{**document["recall"][0], "cells": [bad_cell]}]}
+    assert any("accuracy" in e or "1.5" in e for e in schema_errors(bad))
+
+
+def test_write_json_refuses_a_report_that_breaks_the_schema(run_dir: Path, tmp_path: Path) -> None:
+    data = load_report_data(run_dir)
+    bad = dataclasses.replace(data, verdict=Verdict("certain", "a verdict the schema does not know"))
+    with pytest.raises(StoreError, match="schema"):
+        write_json(bad, tmp_path)
+    assert not (tmp_path / "report.json").exists()
+    assert write_json(data, tmp_path).exists()
+    assert list(tmp_path.glob(".*tmp")) == []  # no temporary file left behind
