@@ -116,3 +116,14 @@ def test_gates_at_launch_and_divergence_over_http(served: Server, tmp_path: Path
     finally:
         stop_server(patched)
 
+
+
+def test_cli_divergence_of_a_server_against_itself_is_zero(served: Server) -> None:
+    argv = [sys.executable, "-m", "speedtrap", "probe", "divergence", "--target", served.url, "--baseline",
+            served.url, "--lengths", "128", "--decode-tokens", "4", "--top-k", "5", "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "top-5" in data["approximation"]
+    assert {p: d["overall"]["kl_max"] for p, d in data["phases"].items()} == {"prefill": 0.0, "decode": 0.0}
+    assert data["phases"]["prefill"]["overall"]["tokens"] == 127

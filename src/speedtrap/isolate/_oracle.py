@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -129,6 +130,7 @@ class InProcessOracle:
         self.target = target
         self.probe = probe
         self.always_on = tuple(always_on)
+        self._baseline: Any = None  # one baseline backend: its logits are computed once per sequence
 
     def identity(self) -> dict[str, object]:
         return {
@@ -150,7 +152,9 @@ class InProcessOracle:
         if self.probe.kind == "recall":
             report = probe.run_recall(candidate, settings, progress=False)
         else:
-            report = probe.run_divergence(probe.InProcessBackend(self.model, list(self.always_on)), candidate, settings)
+            if self._baseline is None:
+                self._baseline = probe.InProcessBackend(self.model, list(self.always_on))
+            report = probe.run_divergence(self._baseline, candidate, settings, progress=False)
         figures = report_figures(self.probe.kind, report)
         return Measurement(figures, None, _write_report(request, report), 0.0, time.perf_counter() - t0)
 
@@ -250,13 +254,21 @@ class ServerOracle:
 
         settings = probe_settings(self.probe, request.repeat)
         model = self.target.served_model or ""
-        candidate = probe.HttpBackend(base_url, model)
-        report: Any
-        if self.probe.kind == "recall":
-            report = probe.run_recall(candidate, settings, progress=False)
-        else:
-            reference = candidate if not request.config else probe.HttpBackend(self._ref_url(request), model)
-            report = probe.run_divergence(reference, candidate, settings)
+        ref_url = self._ref_url(request) if self.probe.kind == "divergence" and request.config else base_url
+
+        async def measure() -> Any:
+            candidate = probe.HttpBackend(base_url, model)
+            reference = candidate if ref_url == base_url else probe.HttpBackend(ref_url, model)
+            try:
+                if self.probe.kind == "recall":
+                    return await probe.arun_recall(candidate, settings, progress=False)
+                return await probe.arun_divergence(reference, candidate, settings, progress=False)
+            finally:
+                await candidate.aclose()
+                if reference is not candidate:
+                    await reference.aclose()
+
+        report = asyncio.run(measure())
         return report_figures(self.probe.kind, report), _write_report(request, report)
 
     def _ref_url(self, request: TrialRequest) -> str:

@@ -209,7 +209,7 @@ async def arun_recall(
                 advance()
                 return sample
 
-            convs = [await _build(backend, settings, n, i) for n, i in todo]
+            convs = await asyncio.gather(*(_build(backend, settings, n, i) for n, i in todo))
             for (_, tokens), (n, _) in zip(convs, todo, strict=True):
                 if tokens > n:
                     raise ProbeError(
