@@ -153,20 +153,25 @@ def test_unknown_config_key_is_a_usage_error() -> None:
 
 
 def test_corrupt_cache_is_rebuilt_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    gguf = dense_weights().source
+    import shutil
+
+    from speedtrap._cache import cache_root
+
+    good = dense_weights()
+    entry = next(p for p in (cache_root() / "smol-moe").iterdir() if p.name.startswith(good.source_sha256[:16]))
     monkeypatch.setenv("SPEEDTRAP_CACHE_DIR", str(tmp_path))
-    first = load_dense(gguf)
-    assert not first.from_cache
-    weights = next(tmp_path.glob("smol-moe/*/dense.safetensors"))
+    shutil.copytree(entry, tmp_path / "smol-moe" / entry.name)
+    assert load_dense(good.source).from_cache  # an intact copy is used as it is
+    weights = tmp_path / "smol-moe" / entry.name / "dense.safetensors"
     with weights.open("r+b") as f:  # flip bytes in the middle of the tensor data
         f.seek(weights.stat().st_size // 2)
         f.write(b"\x00\x01\x02\x03" * 4)
-    rebuilt = load_dense(gguf)
+    rebuilt = load_dense(good.source)
     assert not rebuilt.from_cache
-    again = load_dense(gguf)
+    again = load_dense(good.source)
     assert again.from_cache
     key = "model.layers.0.mlp.down_proj.weight"
-    assert torch.equal(again.state[key], first.state[key])
+    assert torch.equal(again.state[key], good.state[key])
 
 
 def test_missing_or_corrupt_gguf_is_a_target_error(tmp_path: Path) -> None:

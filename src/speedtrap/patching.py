@@ -115,7 +115,13 @@ class Patch(Protocol):
 
 def select_patches(available: Sequence[Patch], names: Iterable[str]) -> list[Patch]:
     """The patches named, in the catalogue's order; an unknown name is a one-line error."""
-    by_name = {p.info.name: p for p in available}
+    chosen = {info.name for info in select_patches_by_name([p.info for p in available], names)}
+    return [p for p in available if p.info.name in chosen]
+
+
+def select_patches_by_name(infos: Sequence[PatchInfo], names: Iterable[str]) -> list[PatchInfo]:
+    """Like :func:`select_patches`, on patch facts alone (validates names before a model loads)."""
+    by_name = {info.name: info for info in infos}
     wanted = [n.strip() for n in names if n.strip()]
     unknown = [n for n in wanted if n not in by_name]
     if unknown:
@@ -123,8 +129,7 @@ def select_patches(available: Sequence[Patch], names: Iterable[str]) -> list[Pat
             f"unknown patch {', '.join(repr(n) for n in unknown)}",
             f"choose from: {', '.join(by_name)}",
         )
-    chosen = set(wanted)
-    return [p for p in available if p.info.name in chosen]
+    return [info for info in infos if info.name in set(wanted)]
 
 
 def apply_patches(model: Any, patches: Sequence[Patch]) -> Undo:

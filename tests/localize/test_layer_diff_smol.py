@@ -36,7 +36,11 @@ def test_without_patches_every_module_agrees_exactly(smol: InProcessModel, smol_
     assert result.first_divergent is None
     assert len(result.modules) > 700
     assert {m.status for m in result.modules} == {"compared"}
-    assert all(m.rel_diff == 0 and m.max_abs_diff == 0 for m in result.modules)
+    # The logits (lm_head and the modules that return them) are compared by recomputing the
+    # baseline's lm_head in row chunks: another GEMM blocking, float reordering only.
+    logits = {"lm_head", "scheduler", "(model)"}
+    assert all(m.rel_diff == 0 and m.max_abs_diff == 0 for m in result.modules if m.name not in logits)
+    assert all(m.rel_diff is not None and m.rel_diff < 1e-13 for m in result.modules if m.name in logits)
 
 
 def test_bf16_mhc_gemm_first_diverges_in_layer_0_hyper_connection(smol: InProcessModel, smol_ids: list[int]) -> None:

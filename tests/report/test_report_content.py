@@ -80,7 +80,7 @@ def test_the_page_is_self_contained(run_dir: Path, data: ReportData) -> None:
     assert [alt for _, alt in images] == [f.title for f in data.figures]
     for payload, _ in images:
         with Image.open(io.BytesIO(base64.b64decode(payload))) as im:
-            assert im.format == "PNG" and im.width >= 500 and im.height >= 250
+            assert im.format == "PNG" and im.width >= 300 and im.height >= 200
     assert page.index('id="verdict"') < page.index('id="triage"') < page.index('id="probes"')
 
 

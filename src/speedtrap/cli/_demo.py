@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, fail, user_errors
@@ -51,11 +52,11 @@ class RichStages:
 
 def _bar() -> Progress:
     return Progress(
-        TextColumn("{task.description:<9}"),
-        BarColumn(bar_width=24),
+        TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=9)),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}", style="dim"),
+        TextColumn("{task.fields[note]}", style="dim", table_column=Column(no_wrap=True, overflow="ellipsis")),
         console=err_console,
         transient=False,
     )

@@ -43,6 +43,9 @@ def bisect_cmd(
     repeats: Annotated[
         int | None, typer.Option("--repeats", help="Extra trials for a verdict near the threshold.")
     ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="--target: torch intra-op threads (default: torch's).")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
@@ -57,6 +60,12 @@ def bisect_cmd(
         target, manifest, parse_patch_list(patches) or None, set_ or [], probe, metric, bound, repeats,
         parse_patch_list(prior),
     )  # fmt: skip
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads {threads} must be at least 1", "pass --threads 1")
+        import torch
+
+        torch.set_num_threads(threads)
     directory = run_dir or default_run_dir(spec)
     err_console.print(f"run directory: {escape(str(directory))}", highlight=False)
     with _progress() as bar:
@@ -94,9 +103,10 @@ def _print(result: object) -> None:
 
     assert isinstance(result, IsolateResult)
     out_console.print(escape(result.summary()), highlight=False)
-    table = Table("trial", "configuration", "repeat", "outcome", "figures", "log")
+    metric = str(result.rule.get("metric", "")) if result.rule.get("rule") == "threshold" else "accuracy"
+    table = Table("trial", "configuration", "repeat", "outcome", metric, "log")
     for t in result.trials:
-        figures = ", ".join(f"{k}={v:.4g}" for k, v in list(t.figures.items())[:4])
+        figures = f"{t.figures[metric]:.4g}" if metric in t.figures else ""
         table.add_row(
             str(t.index) + (" (stored)" if t.reused else ""),
             "+".join(t.config) or "(baseline)",

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
-from speedtrap.patching import names_switched_on, parse_patch_list
+from speedtrap.patching import names_switched_on, parse_patch_list, select_patches_by_name
 from speedtrap.targets import known_targets, resolve_target
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
@@ -58,9 +58,11 @@ def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = 
     resolved = resolve_target(target)
     if not isinstance(resolved, SmolMoETarget):
         raise typer.BadParameter("equivalence is defined for smol-moe only", param_hint="--target")
+    infos = resolved.patch_infos()
+    names = parse_patch_list(patches) if patches is not None else names_switched_on(infos, os.environ)
+    select_patches_by_name(infos, names)
     with err_console.status("loading smol-moe and its dense reference"):
         model = resolved.load()
-        names = parse_patch_list(patches) if patches is not None else names_switched_on(model.patch_infos(), os.environ)
         result = check_equivalence(model, dense_reference(dense_weights()), names)
     if json:
         emit_json(result.to_json())

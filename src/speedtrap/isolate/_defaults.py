@@ -16,7 +16,7 @@ RUNS_DIR = "speedtrap-runs"
 # In-process default: teacher-forced divergence (cheap, sees prefill and decode), failing on the
 # worst phase's p99 KL. Measured on smol-moe: see the README's isolate section.
 DEFAULT_PROBE = ProbeSpec(kind="divergence", preset="quick")
-DEFAULT_VERDICT = VerdictSpec(rule="threshold", metric="worst.kl_p99", bound=1.0, direction="above", near=0.25)
+DEFAULT_VERDICT = VerdictSpec(rule="threshold", metric="worst.kl_p99", bound=0.1, direction="above", near=0.25)
 RECALL_VERDICT = VerdictSpec(rule="recall_drop", metric="accuracy", direction="below")
 
 

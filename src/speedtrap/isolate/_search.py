@@ -117,12 +117,18 @@ class Search:
         if base.verdict is not Verdict.PASS:
             if base.verdict is Verdict.FAIL:
                 return self._stop(Status.BASELINE_FAILS, "the baseline (no patch on) already fails: no patch to blame")
-            return self._stop(_status(base.verdict), f"the baseline's verdict is {base.verdict.value}: cannot search")
+            why = f" ({base.note})" if base.note else ""
+            return self._stop(
+                _status(base.verdict), f"the baseline's verdict is {base.verdict.value}: cannot search{why}"
+            )
         full = self.consider(order)
         if full.verdict is Verdict.PASS:
             return self._stop(Status.FULL_PASSES, "the full set of patches does not fail: nothing to isolate")
         if full.verdict is not Verdict.FAIL:
-            return self._stop(_status(full.verdict), f"the full set's verdict is {full.verdict.value}: cannot search")
+            why = f" ({full.note})" if full.note else ""
+            return self._stop(
+                _status(full.verdict), f"the full set's verdict is {full.verdict.value}: cannot search{why}"
+            )
         found = self._discover(order)
         return self._conclude(order, found)
 

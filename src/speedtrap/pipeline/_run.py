@@ -51,6 +51,7 @@ def _stage(ctx: Context, name: str, seconds: dict[str, float], errors: list[str]
     rec = ctx.record.stage(name)
     rec.status, rec.detail = "running", ""
     ctx.save_record()
+    computed, reused = len(ctx.computed), len(ctx.reused)
     t0 = time.perf_counter()
     try:
         out = fn()
@@ -67,6 +68,8 @@ def _stage(ctx: Context, name: str, seconds: dict[str, float], errors: list[str]
         rec.seconds = seconds[name]
         ctx.save_record()
     rec.status = "done"
+    if len(ctx.computed) == computed and len(ctx.reused) > reused:
+        rec.detail = "reused the results stored by an earlier run"
     ctx.save_record()
     ctx.progress.done(name, "done")
     return out

@@ -1,8 +1,10 @@
 """Multi-turn chat conversations with facts planted at chosen depths.
 
-A conversation is a system message, filler turns (the user asks, the assistant answers with a
-paragraph of prose) and one planted-fact turn per depth; each question asks for one fact in a
-final user turn. Everything comes from a seeded RNG: the same seed gives the same conversations on
+A conversation is a system message and filler turns (the user asks, the assistant answers with a
+paragraph of prose); each fact is told once, by the user, at the start of the filler turn at its
+depth, and each question asks for one fact in a final user turn. The assistant never repeats a
+fact: a model that copies its own earlier words would otherwise pass without recalling anything.
+Everything comes from a seeded RNG: the same seed gives the same conversations on
 every backend. Only the number of filler turns depends on the backend (its tokenizer), chosen so
 that the whole prompt is as long as possible without passing the target length.
 """
@@ -57,9 +59,6 @@ class Fact:
 
     def statement(self) -> str:
         return f"Please remember this: the access code for {self.key} is {self.value}."
-
-    def acknowledgement(self) -> str:
-        return f"Noted: the access code for {self.key} is {self.value}."
 
     def question(self) -> str:
         return f"What is the access code for {self.key}? Answer with the number only."
@@ -117,17 +116,20 @@ def filler_turns(rng: random.Random, count: int) -> list[tuple[Message, Message]
 
 
 def assemble(facts: Sequence[Fact], fillers: Sequence[tuple[Message, Message]]) -> tuple[Message, ...]:
-    """The prefix: the system message, then filler turns with each fact inserted at its depth."""
+    """The prefix: the system message, then filler turns; a fact at depth d opens the user message of
+    filler turn round(d * (turns - 1)). Without filler turns, the facts make a user turn of their own."""
+    if not fillers:
+        told = " ".join(f.statement() for f in sorted(facts, key=lambda f: f.depth))
+        return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": told},
+                {"role": "assistant", "content": "Understood."})  # fmt: skip
     slots: dict[int, list[Fact]] = {}
     for fact in sorted(facts, key=lambda f: f.depth):
-        slots.setdefault(round(fact.depth * len(fillers)), []).append(fact)
+        slots.setdefault(round(fact.depth * (len(fillers) - 1)), []).append(fact)
     turns: list[Message] = [{"role": "system", "content": SYSTEM}]
-    for i in range(len(fillers) + 1):
-        for fact in slots.get(i, []):
-            turns.append({"role": "user", "content": fact.statement()})
-            turns.append({"role": "assistant", "content": fact.acknowledgement()})
-        if i < len(fillers):
-            turns.extend(fillers[i])
+    for i, (ask, answer) in enumerate(fillers):
+        told = " ".join(f.statement() for f in slots.get(i, []))
+        turns.append({"role": "user", "content": f"{told} {ask['content']}" if told else ask["content"]})
+        turns.append(answer)
     return tuple(turns)
 
 

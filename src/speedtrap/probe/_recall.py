@@ -1,9 +1,11 @@
 """The recall probe: planted facts in multi-turn chats, a grid of length x depth, Wilson intervals.
 
-One conversation per (length, sample) holds one fact per depth; each question asks for one fact in
-its own request, so the questions of a conversation share its prefix (computed once in-process,
-and by a server's prefix cache). Greedy answers are scored by substring match of the planted
-value. Samples are written to the results file as they finish; ``resume`` runs only the rest.
+By default each (length, depth, sample) gets its own conversation holding one fact: SmolLM2-135M
+mixes up several facts told in one conversation even at 256 tokens. With ``shared_prefix`` one
+conversation per (length, sample) holds one fact per depth and each question asks for one of them
+in its own request, so the questions share the conversation prefix (computed once in-process, and
+by a server's prefix cache). Greedy answers are scored by substring match of the planted value.
+Samples are written to the results file as they finish; ``resume`` runs only the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class RecallSettings:
     samples: int = 2  # conversations per length (each holds one fact per depth)
     seed: int = 0
     max_new_tokens: int = 24
+    shared_prefix: bool = False  # one conversation holds a fact per depth; its questions share the prefix
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))  # lists from TOML or JSON
@@ -46,8 +49,16 @@ class RecallSettings:
 
     @classmethod
     def quick(cls) -> RecallSettings:
-        """A CI-demo preset: 2 lengths x 2 depths x 2 samples = 8 questions over 4 conversation prefixes."""
+        """A CI-demo preset: 2 lengths x 2 depths x 2 samples = 8 questions."""
         return cls(lengths=(320, 900), depths=(0.2, 0.8), samples=2)
+
+    def groups(self) -> list[tuple[int, int, tuple[float, ...]]]:
+        """(length, sample, depths) of every conversation."""
+        per = [self.depths] if self.shared_prefix else [(d,) for d in self.depths]
+        return [(n, i, g) for n in self.lengths for i in range(self.samples) for g in per]
+
+    def conversation_id(self, length: int, sample: int, depths: tuple[float, ...]) -> str:
+        return f"L{length}-s{sample}" if self.shared_prefix else f"L{length}-s{sample}-d{depths[0]:g}"
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "lengths": list(self.lengths), "depths": list(self.depths)}
@@ -60,6 +71,7 @@ class RecallSettings:
             samples=int(data["samples"]),
             seed=int(data.get("seed", 0)),
             max_new_tokens=int(data.get("max_new_tokens", 24)),
+            shared_prefix=bool(data.get("shared_prefix", False)),
         )
 
 
@@ -171,9 +183,13 @@ def conversation_seed(seed: int, length: int, sample: int) -> int:
     return (seed * 1_000_003 + length) * 1_009 + sample
 
 
-async def _build(backend: Backend, settings: RecallSettings, length: int, sample: int) -> tuple[Conversation, int]:
-    seed = conversation_seed(settings.seed, length, sample)
-    return await build_conversation(f"L{length}-s{sample}", length, settings.depths, seed, backend.count_tokens)
+async def _build(
+    backend: Backend, settings: RecallSettings, length: int, sample: int, depths: tuple[float, ...]
+) -> tuple[Conversation, int]:
+    variant = sample if settings.shared_prefix else sample * 1_000 + settings.depths.index(depths[0]) + 1
+    seed = conversation_seed(settings.seed, length, variant)
+    conv_id = settings.conversation_id(length, sample, depths)
+    return await build_conversation(conv_id, length, depths, seed, backend.count_tokens)
 
 
 async def arun_recall(
@@ -189,10 +205,9 @@ async def arun_recall(
     store = ResultsFile(results_path, "recall", settings.to_json(), resume) if results_path else None
     done = {s.id: s for s in (RecallSample.from_json(r) for r in (store.done if store else []))}
     todo = [
-        (n, i)
-        for n in settings.lengths
-        for i in range(settings.samples)
-        if any(f"L{n}-s{i}@{d:g}" not in done for d in settings.depths)
+        (n, i, g)
+        for n, i, g in settings.groups()
+        if any(f"{settings.conversation_id(n, i, g)}@{d:g}" not in done for d in g)
     ]
     total = len(settings.lengths) * settings.samples * len(settings.depths)
     try:
@@ -209,11 +224,11 @@ async def arun_recall(
                 advance()
                 return sample
 
-            convs = await asyncio.gather(*(_build(backend, settings, n, i) for n, i in todo))
-            for (_, tokens), (n, _) in zip(convs, todo, strict=True):
+            convs = await asyncio.gather(*(_build(backend, settings, n, i, g) for n, i, g in todo))
+            for (_, tokens), (n, _, g) in zip(convs, todo, strict=True):
                 if tokens > n:
                     raise ProbeError(
-                        f"the shortest conversation with {len(settings.depths)} facts takes {tokens} tokens, "
+                        f"the shortest conversation with {len(g)} fact(s) takes {tokens} tokens, "
                         f"more than the length {n}",
                         "use longer --lengths or fewer --depths",
                     )

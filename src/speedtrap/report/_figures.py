@@ -61,8 +61,8 @@ def recall_heatmap(run: RecallRun) -> Figure:
     for i in range(len(depths)):
         for j in range(len(lengths)):
             text = labels[i][j] or "no data"
-            dark = not math.isnan(grid[i][j]) and 0.25 < grid[i][j] < 0.75
-            ax.text(j, i, text, ha="center", va="center", fontsize=9, color="black" if not dark else "#222222")
+            strong = not math.isnan(grid[i][j]) and not 0.2 < grid[i][j] < 0.8  # dark red or dark green
+            ax.text(j, i, text, ha="center", va="center", fontsize=10, color="white" if strong else "black")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
     ax.set_xlabel("context length (tokens)")
@@ -99,6 +99,9 @@ def kl_by_position(run: DivergenceRun) -> Figure:
             ys = [_floor(v, KL_FLOOR) for v in values]
             ax.plot(xs, ys, style, marker="o", ms=3.5, color=color, label=f"{phase.phase} {key[3:]}")
     ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(bottom=KL_FLOOR / 2 if lowest == math.inf else max(KL_FLOOR / 2, lowest / 5))
     ax.set_xlabel("token position (bucket centre)")
     ax.set_ylabel("KL(baseline ‖ patched) (nats)")
@@ -140,11 +143,15 @@ def same_top1_by_position(run: DivergenceRun) -> Figure:
 # -- isolation ----------------------------------------------------------------------------------
 
 
-def _config_label(config: Sequence[str], searched: int) -> str:
+def _config_label(config: Sequence[str], searched: Sequence[str]) -> str:
     if not config:
         return "no patch (baseline)"
-    if searched and len(config) == searched and searched > 2:
-        return f"all {searched} patches"
+    left_out = [p for p in searched if p not in config]
+    if len(searched) > 2 and set(config) <= set(searched):
+        if not left_out:
+            return f"all {len(searched)} patches"
+        if len(left_out) <= 2 and len(config) > 2:
+            return "all but " + " + ".join(left_out)
     if len(config) <= 2:
         return " + ".join(config)
     return f"{config[0]} + {len(config) - 1} more"
@@ -168,8 +175,7 @@ def trial_log(section: IsolationSection, bound: float | None = None) -> Figure:
         shown = "no figure" if v is None else f"{v:.3g}" + (" (reused)" if t.reused else "")
         ax.annotate(shown, (max(v or 0.0, floor), y), xytext=(3, 0), textcoords="offset points", va="center",
                     fontsize=7, color="#333333")  # fmt: skip
-    searched = len(section.searched)
-    ax.set_yticks(ys, [f"#{t.index}  {_config_label(t.config, searched)}" for t in trials], fontsize=7.5)
+    ax.set_yticks(ys, [f"#{t.index}  {_config_label(t.config, section.searched)}" for t in trials], fontsize=7.5)
     ax.invert_yaxis()
     if bound is not None:
         ax.axvline(bound, color="#555555", ls="--", lw=1)

@@ -81,8 +81,9 @@ nav a { margin-right: 12px; color: var(--accent); text-decoration: none; font-si
 _SCRIPT = """
 (function () {
   var errors = 0;
-  window.addEventListener('error', function () { errors += 1; document.body.dataset.scriptErrors = String(errors); },
-    true);
+  window.addEventListener('error', function (event) {
+    if (event instanceof ErrorEvent) { errors += 1; }  // a script error (a failed image is checked below)
+  }, true);
   window.addEventListener('load', function () {
     var images = document.images, broken = 0;
     for (var i = 0; i < images.length; i++) {

@@ -52,12 +52,20 @@ def _version() -> str:
 
 
 class _Reader:
-    def __init__(self, run_dir: Path, source: Source, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, run_dir: Path, source: Source, record: RunRecord | None = None) -> None:
         self.run_dir = run_dir
         self.source = source
-        self.settings = settings or {}
+        self.settings: dict[str, Any] = record.settings if record is not None else {}
+        self.stages = record.stages if record is not None else {}
         self.missing: list[MissingPart] = []
         self.notes: list[str] = []
+
+    def why_absent(self, stage: str, default: str) -> str:
+        """Why a part of ``stage`` is absent: the stage's recorded failure, or ``default``."""
+        rec = self.stages.get(stage)
+        if rec is not None and rec.status in ("failed", "skipped") and rec.detail:
+            return f"the {stage} stage {rec.status}: {rec.detail}"
+        return default
 
     def rel(self, path: Path) -> str:
         try:
@@ -146,7 +154,8 @@ def _probes(r: _Reader, all_patches: tuple[str, ...]) -> tuple[list[RecallRun], 
     )
     for kind, role, what, command in wanted:
         if (kind, role) not in have:
-            r.missing.append(MissingPart(what, "no probe file for it", command))
+            stage = "probes" if (kind, role) != ("divergence", 1) else "evidence"
+            r.missing.append(MissingPart(what, r.why_absent(stage, "no probe file for it"), command))
     return [x for _, x in recall], [x for _, x in divergence]
 
 
@@ -191,7 +200,11 @@ def _isolation(r: _Reader, isolate_dir: Path) -> IsolationSection | None:
     db = isolate_dir / "trials.sqlite"
     if not db.exists():
         if not result.exists():
-            r.missing.append(MissingPart("isolation (culprit search)", "not run (no trials stored)", command))
+            r.missing.append(
+                MissingPart(
+                    "isolation (culprit search)", r.why_absent("isolate", "not run (no trials stored)"), command
+                )
+            )
         return None
     try:
         trials = _trials_from_store(db)
@@ -247,14 +260,16 @@ def _localization(r: _Reader, culprits: list[tuple[str, ...]]) -> list[Localizat
             if "layers" not in have:
                 r.missing.append(
                     MissingPart(
-                        f"layer diff: {' + '.join(patches)}", "not run", _commands.layers(r.source, patches, tokens)
+                        f"layer diff: {' + '.join(patches)}",
+                        r.why_absent("localize", "not run"),
+                        _commands.layers(r.source, patches, tokens),
                     )
                 )
             if "scale" not in have and r.source.symbol:
                 r.missing.append(
                     MissingPart(
                         f"scale check: {' + '.join(patches)}",
-                        "not run",
+                        r.why_absent("localize", "not run"),
                         _commands.scale(r.source, patches, tokens, values),
                     )
                 )
@@ -286,7 +301,7 @@ def load_report_data(run_dir: Path) -> ReportData:
         )
     elif record is not None and record.version < RUN_SCHEMA_VERSION:
         notes.append(f"written by an older speedtrap (run_schema_version {record.version}); reading what it has")
-    reader = _Reader(run_dir, source, record.settings if record is not None else None)
+    reader = _Reader(run_dir, source, record)
     bare_bisect = (run_dir / "trials.sqlite").exists() or (run_dir / "result.json").exists()
     isolate_dir = run_dir if bare_bisect else run_dir / ISOLATE_DIR
     if bare_bisect:
