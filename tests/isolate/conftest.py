@@ -137,6 +137,6 @@ def simulate_search(
     return result, evaluator.launches
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simulate() -> Callable[..., tuple[Any, int]]:
     return simulate_search

@@ -37,16 +37,14 @@ def monotone_worlds(draw: st.DrawFn) -> tuple[list[str], list[frozenset[str]]]:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(monotone_worlds())
-def test_monotone_search_equals_brute_force(world: tuple[list[str], list[frozenset[str]]]) -> None:
-    from conftest import simulate_search
-
+def test_monotone_search_equals_brute_force(simulate: Simulate, world: tuple[list[str], list[frozenset[str]]]) -> None:
     names, sets = world
 
     def broken(s: frozenset[str]) -> bool:
         return any(m <= s for m in sets)
 
     truth = brute_force_minimal_sets(names, broken)
-    result, launches = simulate_search(names, broken)
+    result, launches = simulate(names, broken)
     if not truth:
         assert result.status is Status.FULL_PASSES
         return
@@ -61,9 +59,9 @@ def test_monotone_search_equals_brute_force(world: tuple[list[str], list[frozens
 
 @settings(max_examples=80, deadline=None)
 @given(st.integers(3, 10), st.data())
-def test_a_pair_correct_only_together_is_an_interaction_not_two_culprits(n: int, data: st.DataObject) -> None:
-    from conftest import simulate_search
-
+def test_a_pair_correct_only_together_is_an_interaction_not_two_culprits(
+    simulate: Simulate, n: int, data: st.DataObject
+) -> None:
     names = [f"p{i}" for i in range(n)]
     a, b, c = data.draw(st.permutations(names))[:3]
     masked = data.draw(st.booleans())  # masked: b alone is harmless; else b alone fails too (cancel)
@@ -73,7 +71,7 @@ def test_a_pair_correct_only_together_is_an_interaction_not_two_culprits(n: int,
             return True
         return (a in s and b not in s) if masked else ((a in s) != (b in s))
 
-    result, _ = simulate_search(names, broken)
+    result, _ = simulate(names, broken)
     assert result.status is Status.FOUND
     assert result.culprit_names == [(c,)]
     for interaction in result.interactions:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -171,3 +172,17 @@ def test_a_run_killed_midway_resumes_with_the_same_verdict_and_reruns_no_finishe
     fresh = isolate(load_isolate_manifest(manifest), tmp_path / "fresh")
     assert [list(c) for c in fresh.culprit_names] == [c["patches"] for c in result["culprits"]]
     assert [i.to_json() for i in fresh.interactions] == result["interactions"]
+
+
+def test_several_servers_at_once_give_the_same_verdict(tiny_manifest: Callable[..., Path], tmp_path: Path) -> None:
+    patches = [f"p{i}" for i in range(8)]
+    fails = [{"all": ["p2"]}, {"all": ["p6"]}]
+    serial = isolate(load_isolate_manifest(tiny_manifest(patches, fails, name="one.toml")), tmp_path / "one")
+    parallel_manifest = tiny_manifest(patches, fails, extra={"search": {"parallel": 3}}, name="three.toml")
+    parallel = isolate(load_isolate_manifest(parallel_manifest), tmp_path / "three")
+    assert serial.culprit_names == parallel.culprit_names == [("p2",), ("p6",)]
+    # Three servers at a time: the bisection tests three split points per round (more launches, fewer rounds).
+    assert parallel.launches >= serial.launches
+    started = sorted(t.started for t in parallel.trials)
+    overlapping = sum(1 for a, b in itertools.pairwise(started) if b - a < 0.05)
+    assert overlapping >= 1

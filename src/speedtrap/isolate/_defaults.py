@@ -61,7 +61,8 @@ def build_manifest(
 
 
 def default_run_dir(spec: IsolateManifest) -> Path:
-    """``speedtrap-runs/bisect-<target>-<hash>``: the same command line finds its earlier trials again."""
+    """``speedtrap-runs/bisect-<target>-<hash>``: the same target and probe find their earlier trials again."""
     name = spec.target.name or Path(spec.target.launch[0]).name
-    digest = stable_hash({k: v for k, v in spec.to_json().items() if k != "path"})[:10]
+    # Not the verdict or the search order: trials are reused across them (their figures do not change).
+    digest = stable_hash({k: v for k, v in spec.to_json().items() if k not in ("path", "verdict", "prior")})[:10]
     return Path(RUNS_DIR) / f"bisect-{name}-{digest}"

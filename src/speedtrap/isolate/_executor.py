@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -103,3 +104,22 @@ class LocalExecutor:
     ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
         for request in requests:
             yield request, work(request)
+
+
+class ThreadExecutor:
+    """Runs up to ``capacity`` server trials at once from threads (one server each, on free ports).
+
+    Results are yielded to the caller's thread as they end, so the store is written from one thread.
+    Not for in-process targets: their patches are global state of one model.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+
+    def run(
+        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+    ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
+        with ThreadPoolExecutor(max_workers=self.capacity) as pool:
+            futures = {pool.submit(work, r): r for r in requests}
+            for future in as_completed(futures):
+                yield futures[future], future.result()

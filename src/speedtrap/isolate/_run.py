@@ -10,7 +10,7 @@ from typing import Any
 
 from speedtrap._errors import ManifestError, SpeedtrapError
 from speedtrap.isolate._evaluate import Evaluator
-from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle
+from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, ThreadExecutor
 from speedtrap.isolate._manifest import IsolateManifest, PatchSpec, ProbeSpec, TargetSpec, VerdictSpec, check_relations
 from speedtrap.isolate._oracle import InProcessOracle, ServerOracle
 from speedtrap.isolate._relations import Relations
@@ -141,7 +141,7 @@ def isolate(
             run_id,
             repeats=manifest.verdict.repeats,
             retries=0 if manifest.target.in_process else manifest.target.retries,
-            executor=executor or LocalExecutor(),
+            executor=executor or _executor(manifest),
             trial_dir=(run_dir / "trials") if run_dir is not None else None,
             on_trial=hooks.on_trial,
         )
@@ -185,6 +185,17 @@ def isolate(
     finally:
         oracle.close()
         store.close()
+
+
+def _executor(manifest: IsolateManifest) -> Executor:
+    if manifest.parallel > 1:
+        if manifest.target.in_process:
+            raise ManifestError(
+                f"search.parallel = {manifest.parallel} needs a server target (one in-process model runs one trial)",
+                "drop search.parallel, or launch servers (target.launch)",
+            )
+        return ThreadExecutor(manifest.parallel)
+    return LocalExecutor()
 
 
 def _symmetric(conflicts: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:

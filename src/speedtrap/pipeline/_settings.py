@@ -62,9 +62,13 @@ def stable_key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+DEMO_RECALL = {"samples": 1}  # the quick grid (320 and 900 tokens x depths 0.2, 0.8) with one conversation each
+
+
 def demo_settings(quick: bool = False) -> PipelineSettings:
-    """The demo's settings: the probes' quick presets (so the reproduce commands are plain ``--quick``);
-    ``quick`` also skips the culprit's own recall probe and localizes on fewer tokens."""
+    """The demo's settings, sized for 5 minutes on a 2-core CPU from a fresh clone: the probes' quick
+    presets, recall with one conversation per length; ``quick`` also skips the culprit's own recall
+    probe and localizes on fewer tokens."""
     if quick:
-        return PipelineSettings(quick=True, probe_culprits=False, localize_tokens=48)
-    return PipelineSettings(quick=True)
+        return PipelineSettings(quick=True, recall=DEMO_RECALL, probe_culprits=False, localize_tokens=48)
+    return PipelineSettings(quick=True, recall=DEMO_RECALL)
