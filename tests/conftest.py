@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from speedtrap.targets._base import InProcessModel
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per process: tests run servers beside the test process on 2 cores, and
+    two processes each spinning two OpenMP threads run 20-30x slower than one thread each."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,9 @@ SERVER_START_TIMEOUT = 600.0  # a model load on a busy 2-core machine can take m
 GRID = RecallSettings(lengths=(256, 1024), depths=(0.1, 0.5, 0.9), samples=2, seed=0)
 MLP_X15 = "mlp_x1.5_layers_0_2"  # the constructed change recall cannot see (conftest.ScaleMlpPatch)
 
-# A small grid shared by the HTTP tests: 2 conversation prefixes, 4 questions.
-HTTP_GRID = RecallSettings(lengths=(256, 640), depths=(0.2, 0.8), samples=1, seed=5)
+# Subsets of GRID (same conversations: a conversation depends on its length, depth and sample only).
+HTTP_GRID = RecallSettings(lengths=(256,), depths=(0.1, 0.9), samples=2, seed=0)  # 4 questions
+LLAMA_GRID = RecallSettings(lengths=(256,), depths=(0.5,), samples=2, seed=0)  # 2 questions
 
 
 def free_port() -> int:

@@ -18,8 +18,8 @@ from speedtrap.probe import (
 )
 from speedtrap.targets._base import InProcessModel
 
-# One 320-token conversation (chunked_prefill cuts it at 256); the last 12 tokens decoded one by one.
-SETTINGS = DivergenceSettings(lengths=(320,), sequences=1, decode_tokens=12, bucket_size=64)
+# One 272-token conversation (chunked_prefill cuts it at 256); the last 8 tokens decoded one by one.
+SETTINGS = DivergenceSettings(lengths=(272,), sequences=1, decode_tokens=8, bucket_size=64)
 HARMLESS = ("fused_rmsnorm", "moe_fused_experts", "chunked_prefill")
 # The margin the sensitivity test demands: the 1.5x change's mean KL over the harmless patches' worst p99.
 SENSITIVITY_MARGIN = 100.0
@@ -38,7 +38,7 @@ def _divergence(base: InProcessBackend, model: InProcessModel, patches: list[str
 def test_baseline_against_itself_is_exactly_zero(base: InProcessBackend, smol_scaled: InProcessModel) -> None:
     report = _divergence(base, smol_scaled, [])
     assert report.approximation is None and set(report.phases) == {"prefill", "decode"}
-    assert report.sequence_tokens == [320]
+    assert report.sequence_tokens == [272]
     for phase in report.phases.values():
         s = phase.overall
         assert (s.kl_max, s.same_top1, s.rms_dp) == (0.0, 1.0, 0.0)
@@ -53,7 +53,7 @@ def test_a_precision_patch_diverges_in_every_position_bucket(
     report = _divergence(base, smol_scaled, ["lm_head_bf16"])
     prefill = report.phases["prefill"]
     assert 0 < prefill.overall.kl_mean < 0.05
-    assert len(prefill.by_bucket) == 5  # positions 1-319 in buckets of 64
+    assert len(prefill.by_bucket) == 5  # positions 1-271 in buckets of 64
     assert all(b.stats.kl_mean > 0 and b.stats.tokens > 0 for b in prefill.by_bucket)
     assert prefill.overall.kl_max >= prefill.overall.kl_p99 >= prefill.overall.kl_p90 >= prefill.overall.kl_median
     assert report.phases["decode"].overall.kl_mean > 0
@@ -80,8 +80,9 @@ def test_a_change_recall_cannot_see_stands_out_in_divergence(
 @pytest.mark.slow
 def test_the_same_change_is_invisible_to_recall(smol_scaled: InProcessModel, grid_baseline: RecallReport) -> None:
     """The other half of the sensitivity claim, measured (anchors.md: 8/8 at every length)."""
-    settings = RecallSettings(lengths=(1024,), depths=(0.1, 0.9), samples=2, seed=0)
+    settings = RecallSettings(lengths=(1024,), depths=(0.1, 0.9), samples=2, seed=0)  # a subset of the grid
     scaled = run_recall(InProcessBackend(smol_scaled, [MLP_X15]), settings, progress=False)
-    same_cells = [c for c in grid_baseline.cells if c.length == 1024 and c.depth in settings.depths]
+    same = [s for s in grid_baseline.samples if s.length == 1024 and s.depth in settings.depths]
+    assert len(same) == 4
     assert scaled.overall.accuracy >= 0.75, scaled.answers()
-    assert scaled.overall.high >= sum(c.accuracy for c in same_cells) / len(same_cells)
+    assert scaled.overall.correct >= sum(s.correct for s in same) - 1

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from probe_helpers import HTTP_GRID, THREADS, Server, free_port, start_server, stop_server
+from probe_helpers import LLAMA_GRID, THREADS, Server, free_port, start_server, stop_server
 
 from speedtrap._errors import ProbeError
 from speedtrap.probe import HttpBackend, RecallSettings, run_recall
@@ -39,11 +39,12 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(server)
 
 
+@pytest.mark.slow
 def test_recall_runs_unchanged_against_llama_cpp(llama: Server) -> None:
-    report = run_recall(HttpBackend(llama.url), HTTP_GRID, progress=False)  # model "": the one it serves
-    assert report.overall.n == 4
-    assert report.overall.accuracy >= 0.75, report.answers()  # anchors.md: 8/8 up to 689 tokens
-    assert all(s.prompt_tokens <= max(HTTP_GRID.lengths) for s in report.samples)
+    report = run_recall(HttpBackend(llama.url), LLAMA_GRID, progress=False)  # model "": the one it serves
+    assert report.overall.n == 2
+    assert report.overall.accuracy >= 0.5, report.answers()  # anchors.md: 8/8 up to 689 tokens
+    assert all(100 < s.prompt_tokens <= max(LLAMA_GRID.lengths) for s in report.samples)
 
 
 def test_llama_cpp_echo_logprobs_are_shifted_and_realigned(llama: Server) -> None:

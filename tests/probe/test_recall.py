@@ -56,7 +56,7 @@ def test_baseline_recall_is_high_up_to_1024_tokens(grid_baseline: RecallReport) 
 
 def test_the_double_application_is_visibly_lower(smol: InProcessModel, grid_baseline: RecallReport) -> None:
     baseline = grid_baseline
-    settings = RecallSettings(lengths=(1024,), depths=(0.1, 0.9), samples=2, seed=0)
+    settings = RecallSettings(lengths=(512,), depths=(0.2, 0.8), samples=2, seed=0)
     broken = run_recall(InProcessBackend(smol, ["hash_topk_routed_scaling"]), settings, progress=False)
     assert broken.overall.accuracy <= 0.25, broken.answers()
     assert broken.overall.high < baseline.overall.low  # the Wilson intervals do not overlap
@@ -80,7 +80,7 @@ class Interrupting:
 
 
 def test_an_interrupted_probe_keeps_its_samples_and_resumes(smol: InProcessModel, tmp_path: Path) -> None:
-    settings = RecallSettings(lengths=(160,), depths=(0.2, 0.8), samples=2, seed=3)
+    settings = RecallSettings(lengths=(128,), depths=(0.2, 0.8), samples=2, seed=3, max_new_tokens=4)
     results = tmp_path / "recall.jsonl"
     first = Interrupting(InProcessBackend(smol), after=3)
     with pytest.raises(KeyboardInterrupt):
@@ -88,10 +88,10 @@ def test_an_interrupted_probe_keeps_its_samples_and_resumes(smol: InProcessModel
     lines = results.read_text().splitlines()
     assert len(lines) == 1 + 3  # header + the three finished samples
     with results.open("a") as fh:
-        fh.write('{"conversation": "L160-s1", "len')  # a line cut short by the crash
+        fh.write('{"conversation": "L128-s1-d0.8", "len')  # a line cut short by the crash
     with pytest.raises(UsageError, match="already exists"):
         run_recall(InProcessBackend(smol), settings, results_path=results, progress=False)
-    other = RecallSettings(lengths=(160,), depths=(0.2, 0.8), samples=2, seed=4)
+    other = RecallSettings(lengths=(128,), depths=(0.2, 0.8), samples=2, seed=4, max_new_tokens=4)
     with pytest.raises(UsageError, match="other settings"):
         run_recall(InProcessBackend(smol), other, results_path=results, resume=True, progress=False)
     second = Interrupting(InProcessBackend(smol), after=100)
@@ -110,3 +110,12 @@ def test_settings_are_validated() -> None:
     quick = RecallSettings.quick()
     assert RecallSettings.from_json(quick.to_json()) == quick
     assert RecallSettings(lengths=[256], depths=[0.5]).lengths == (256,)  # type: ignore[arg-type]
+
+
+def test_questions_sharing_a_prefix_compute_it_once(smol: InProcessModel) -> None:
+    settings = RecallSettings(lengths=(160,), depths=(0.2, 0.5, 0.8), samples=1, shared_prefix=True, max_new_tokens=2)
+    backend = InProcessBackend(smol)
+    report = run_recall(backend, settings, progress=False)
+    assert [s.conversation for s in report.samples] == ["L160-s0"] * 3
+    assert len({s.key for s in report.samples}) == 3
+    assert backend.engine.prefills == 1  # one conversation prefix, three questions

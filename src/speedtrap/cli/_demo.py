@@ -18,7 +18,9 @@ from speedtrap.cli._report import print_verdict
 DEMO_DIR = Path("speedtrap-runs") / "demo"
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object on stdout.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="The run directory (reused by a rerun).")]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Smaller probes: about a minute less, coarser figures.")]
+QuickOpt = Annotated[
+    bool, typer.Option("--quick", help="Skip each culprit's own recall probe; localize on 48 tokens instead of 96.")
+]
 
 
 class RichStages:
@@ -110,7 +112,7 @@ def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False)
 @user_errors
 def run_cmd(
     manifest: Annotated[Path, typer.Option("--manifest", "-m", help="A speedtrap.toml describing the stack.")],
-    quick: QuickOpt = False,
+    quick: Annotated[bool, typer.Option("--quick", help="The probes' quick presets (CI-sized grids).")] = False,
     out: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:

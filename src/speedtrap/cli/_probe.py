@@ -95,6 +95,9 @@ def recall_cmd(
     samples: Annotated[int | None, typer.Option("--samples", help="Conversations per length.")] = None,
     seed: SeedOpt = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Answer length cap.")] = None,
+    shared_prefix: Annotated[
+        bool, typer.Option("--shared-prefix", help="One conversation per length and sample holds every depth's fact.")
+    ] = False,
     results: Annotated[Path | None, typer.Option("--results", help="Write samples here as they finish.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the samples missing from --results.")] = False,
     model: ModelOpt = "",
@@ -117,6 +120,8 @@ def recall_cmd(
     for key, value in (("samples", samples), ("seed", seed), ("max_new_tokens", max_new_tokens)):
         if value is not None:
             changes[key] = value
+    if shared_prefix:
+        changes["shared_prefix"] = True
     settings = replace(settings, **changes)
     if resume and results is None:
         raise UsageError("--resume needs --results", "pass --results PATH of the interrupted run")

@@ -4,7 +4,7 @@
   ``near`` around the bound the call is "near" and the configuration is measured again; the band
   narrows as 1/sqrt(trials) as repeats are pooled (the standard error of their mean).
 - ``recall_drop``: recall below the baseline's with non-overlapping Wilson 95% intervals fails; a
-  point estimate outside the other's interval while the intervals still overlap is "near".
+  recall below the baseline's interval while the intervals still overlap is "near".
 Repeats pool: a threshold rule averages the figure, a recall rule adds up correct answers and
 questions (so the interval narrows).
 """
@@ -120,9 +120,9 @@ class RecallDropRule:
         b_acc, b_low = baseline["accuracy"], baseline["low"]
         if high < b_low and b_acc - acc > self.margin:
             return Outcome.FAIL
-        if acc >= b_low and b_acc <= high:
+        if acc >= b_low:  # within (or above) the baseline's interval: no sign of a drop
             return Outcome.PASS
-        return Outcome.NEAR
+        return Outcome.NEAR  # below the baseline's interval, but the intervals still overlap
 
     def to_json(self) -> dict[str, Any]:
         return {"rule": "recall_drop", "margin": self.margin}

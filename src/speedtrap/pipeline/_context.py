@@ -53,7 +53,6 @@ class Context:
         if self.model is None:
             from speedtrap.isolate import load_in_process, manifest_for_target
 
-            self.progress.advance("probes", 0, "loading the model")
             spec = manifest_for_target(
                 str(self.source.target), self.settings.patches, dict(self.settings.overrides) or None
             )

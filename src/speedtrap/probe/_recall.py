@@ -186,7 +186,8 @@ def conversation_seed(seed: int, length: int, sample: int) -> int:
 async def _build(
     backend: Backend, settings: RecallSettings, length: int, sample: int, depths: tuple[float, ...]
 ) -> tuple[Conversation, int]:
-    variant = sample if settings.shared_prefix else sample * 1_000 + settings.depths.index(depths[0]) + 1
+    # a single-fact conversation depends on its depth's value, so a grid's subset has the same conversations
+    variant = sample if settings.shared_prefix else sample * 10_000 + round(depths[0] * 1_000) + 1
     seed = conversation_seed(settings.seed, length, variant)
     conv_id = settings.conversation_id(length, sample, depths)
     return await build_conversation(conv_id, length, depths, seed, backend.count_tokens)

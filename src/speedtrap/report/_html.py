@@ -60,10 +60,11 @@ pre code { background: none; padding: 0; }
   background: var(--bad); padding: 2px 9px; border-radius: 12px; margin: 2px 6px 2px 0; }
 div.missing, p.missing { border-left: 6px solid var(--warn); background: var(--warn-bg); padding: 10px 16px;
   border-radius: 6px; }
+.tablewrap { overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; margin: 8px 0 14px; font-size: 13.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: left; vertical-align: top;
   overflow-wrap: break-word; }
-td code { white-space: pre-wrap; overflow-wrap: anywhere; }
+td code { white-space: pre-wrap; overflow-wrap: anywhere; } td.code { min-width: 15em; }
 th { background: #f6f7f9; font-weight: 600; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.fail td { background: #fff5f4; }
 figure { margin: 10px 0 18px; } figure img { max-width: 100%; height: auto; border: 1px solid var(--line);
@@ -113,14 +114,14 @@ def _table(t: Table, fail_col: int | None = None) -> str:
         cls = ' class="fail"' if fail_col is not None and row[fail_col] in ("fail", "failed", "error") else ""
         cells = "".join(_cell(t, i, c) for i, c in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f'<div class="tablewrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 def _cell(t: Table, i: int, text: str) -> str:
     if i in t.numeric:
         return f'<td class="num">{_esc(text)}</td>'
     if i in t.code and text != "-":
-        return f"<td><code>{_esc(text)}</code></td>"
+        return f'<td class="code"><code>{_esc(text)}</code></td>'
     return f"<td>{inline(text)}</td>"
 
 

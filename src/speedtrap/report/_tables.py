@@ -50,7 +50,7 @@ def triage_table(section: TriageSection) -> Table:
         )
         for r in section.rows
     )
-    return Table(("tier", "patch", "kind", "gate", "scope", "phases", "main reason"), rows, (0,))
+    return Table(("tier", "patch", "kind", "gate", "scope", "phases", "main reason"), rows, (0,), code=(3,))
 
 
 def recall_table(data: ReportData) -> Table:
