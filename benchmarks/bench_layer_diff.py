@@ -1,6 +1,6 @@
 """Cost of `speedtrap diff layers` on smol-moe at 1,024 tokens: time and peak memory, side by side.
 
-    .venv/bin/python benchmarks/bench_layer_diff.py [--tokens 1024] [--patch mhc_bf16_gemm] [--repeat 2]
+    .venv/bin/python benchmarks/bench_layer_diff.py [--tokens 1024] [--patch mhc_bf16_gemm] [--repeat 2] [--threads N]
     .venv/bin/python benchmarks/bench_layer_diff.py --thresholds   # rel_diff of every patch (threshold)
 
 Each configuration runs in a fresh subprocess (smol-moe loaded from the converted-weights cache):
@@ -44,8 +44,11 @@ def _reset_peak() -> bool:
         return False
 
 
-def child(mode: str, tokens: int, patch: str, repeat: int) -> dict[str, object]:
+def child(mode: str, tokens: int, patch: str, repeat: int, threads: int) -> dict[str, object]:
     import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     from speedtrap.localize import default_ids, layer_diff
     from speedtrap.targets.smolmoe import SmolMoETarget
@@ -90,7 +93,7 @@ def child(mode: str, tokens: int, patch: str, repeat: int) -> dict[str, object]:
 
 def measure(mode: str, args: argparse.Namespace) -> dict[str, object]:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, __file__, CHILD, mode, str(args.tokens), args.patch, str(args.repeat)]
+    cmd = [sys.executable, __file__, CHILD, mode, str(args.tokens), args.patch, str(args.repeat), str(args.threads)]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -118,6 +121,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--patch", default="mhc_bf16_gemm")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads (0: torch's default; 1 is steadier on a busy machine)",
+    )
     parser.add_argument("--thresholds", action="store_true", help="print every patch's rel_diff instead")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
@@ -144,6 +153,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
-        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))))
+        print(json.dumps(child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))))
     else:
         main()

@@ -6,10 +6,10 @@ One conversation of ``--length`` tokens holds ``--questions`` planted facts; eac
 request. Measured side by side, interleaved round by round (so a drifting machine load hits every
 side alike), median of the rounds:
 
-- single: one prefill of one question's whole prompt (one forward), the unit;
-- shared: all Q prompts through the engine (the prefix computed once, each question through a copy of
-  its KV cache), up to the first answer token;
-- naive: all Q prompts prefilled from scratch, one forward each.
+- single: one question's prompt on a cold engine, up to its first answer token: the unit;
+- shared: all Q questions on one engine (the conversation prefix computed once, each question run
+  through a copy of its KV cache), up to each first answer token;
+- naive: all Q questions, each on a cold engine (the prefix computed Q times).
 
 Run it when `uptime` shows a low load; the threads line says what torch used.
 """
@@ -44,12 +44,11 @@ def main() -> None:
         return len(model.chat_ids(messages))
 
     conv, tokens = asyncio.run(build_conversation("bench", args.length, depths, 0, count))
-    prompts = [model.chat_ids(conv.messages(f)) for f in conv.facts]
     print(f"load average {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()}; "
-          f"{len(prompts)} questions on one {tokens}-token conversation, {args.rounds} rounds")  # fmt: skip
+          f"{len(conv.facts)} questions on one {tokens}-token conversation, {args.rounds} rounds")  # fmt: skip
 
     def single() -> None:
-        model.logits(prompts[0])
+        Engine(model).chat(conv.messages(conv.facts[0]), 1)
 
     def shared() -> None:
         engine = Engine(model)  # a cold prefix cache each round
@@ -58,8 +57,8 @@ def main() -> None:
         assert engine.prefills == 1
 
     def naive() -> None:
-        for ids in prompts:
-            model.logits(ids)
+        for f in conv.facts:
+            Engine(model).chat(conv.messages(f), 1)
 
     timings: dict[str, list[float]] = {"single": [], "shared": [], "naive": []}
     single()  # warm up

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 from speedtrap.localize import default_ids
 from speedtrap.targets._base import InProcessModel
@@ -15,16 +14,6 @@ def _load(spec: str) -> InProcessModel:
     from speedtrap.targets import resolve_target
 
     return resolve_target(spec).load()
-
-
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread() -> Iterator[None]:
-    """These tests do many small ops; on the shared 2-core machine OpenMP teams spinning against
-    other processes made them 10-40x slower with 2 threads (measured), so they use one, then restore."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -109,3 +109,10 @@ def test_bad_input_is_a_one_line_error(smol: InProcessModel, smol_ids: list[int]
     with pytest.raises(UsageError, match="--decode"):
         layer_diff(smol, ["mhc_bf16_gemm"], smol_ids[:4], decode_tokens=4)
     assert not math.isnan(DEFAULT_THRESHOLD)
+
+
+def test_a_baseline_configuration_is_on_in_both_runs(smol: InProcessModel, smol_ids: list[int]) -> None:
+    result = layer_diff(smol, ["lm_head_bf16"], smol_ids, baseline=["mhc_bf16_gemm"])
+    assert result.first_divergent == "lm_head"
+    assert result.module("layers.0.attn_hc.proj").rel_diff == 0
+    assert smol.active == ()

@@ -1,9 +1,7 @@
 """Fixtures of the probe tests: real servers on loopback (``speedtrap serve``, llama.cpp), shared runs.
 
-Every torch computation in these tests runs on one intra-op thread, and the servers they start are
-told to do the same: on a 2-core machine shared with other processes, two spinning OpenMP threads
-per process make a decode step 10-20x slower, and one thread on both sides also keeps the
-in-process and served numbers bit-identical.
+The servers these tests start use one torch thread, like the test process (tests/conftest.py): two
+spinning OpenMP threads per process on a shared 2-core machine make a decode step 10-20x slower.
 """
 
 from __future__ import annotations
@@ -12,21 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import torch
-from probe_helpers import GRID, HTTP_GRID, MLP_X15, THREADS, Server, free_port, serve_argv, start_server, stop_server
+from probe_helpers import GRID, HTTP_GRID, MLP_X15, Server, free_port, serve_argv, start_server, stop_server
 from torch import Tensor, nn
 
 from speedtrap.patching import Gate, GateKind, PatchInfo, PatchKind, Phase, Undo
 from speedtrap.probe import InProcessBackend, RecallReport, run_recall
 from speedtrap.targets._base import InProcessModel
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +30,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def grid_baseline(smol: InProcessModel) -> RecallReport:
     """The baseline's recall on the grid up to 1,024 tokens."""
-    torch.set_num_threads(THREADS)
     return run_recall(InProcessBackend(smol), GRID, progress=False)
 
 

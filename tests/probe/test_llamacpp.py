@@ -74,6 +74,6 @@ def test_llama_cpp_echo_logprobs_are_shifted_and_realigned(llama: Server) -> Non
 
 
 def test_a_prompt_longer_than_llama_cpp_context_fails_loudly(llama: Server) -> None:
-    settings = RecallSettings(lengths=(N_CTX + 300,), depths=(0.5,), samples=1)
+    settings = RecallSettings(lengths=(3 * N_CTX,), depths=(0.5,), samples=1)  # the first guess is too long
     with pytest.raises(ProbeError, match="context"):
         run_recall(HttpBackend(llama.url, retries=0), settings, progress=False)

@@ -54,12 +54,13 @@ def test_baseline_recall_is_high_up_to_1024_tokens(grid_baseline: RecallReport) 
     assert RecallReport.from_json(json.loads(json.dumps(baseline.to_json()))).to_json() == baseline.to_json()
 
 
+@pytest.mark.slow
 def test_the_double_application_is_visibly_lower(smol: InProcessModel, grid_baseline: RecallReport) -> None:
-    baseline = grid_baseline
-    settings = RecallSettings(lengths=(512,), depths=(0.2, 0.8), samples=2, seed=0)
+    """Facts told early in a 1,024-token conversation: the seed's symptom."""
+    settings = RecallSettings(lengths=(1024,), depths=(0.1,), samples=4, seed=0)
     broken = run_recall(InProcessBackend(smol, ["hash_topk_routed_scaling"]), settings, progress=False)
     assert broken.overall.accuracy <= 0.25, broken.answers()
-    assert broken.overall.high < baseline.overall.low  # the Wilson intervals do not overlap
+    assert grid_baseline.overall.accuracy - broken.overall.accuracy >= 0.6
 
 
 class Interrupting:

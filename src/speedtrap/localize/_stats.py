@@ -113,22 +113,6 @@ def compare_rows(
     """
     if x.shape[0] == 0:
         return Accumulator(acc.buckets)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _compare_rows(x, y, positions, edges, acc, x_sq)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _compare_rows(
-    x: Tensor,
-    y: Tensor,
-    positions: Tensor | None,
-    edges: Sequence[int],
-    acc: Accumulator,
-    x_sq: Tensor | None,
-) -> Accumulator:
     norms_d: list[Tensor] = []
     norms_y: list[Tensor] = []
     maxes: list[Tensor] = []

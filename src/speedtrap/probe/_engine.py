@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,8 @@ class Engine:
             cache = self.model.new_cache()
             start = n - decode_tokens - 1
             if start > 0:
-                self.model.logits(list(ids[:start]), cache)
+                with self._no_head():
+                    self.model.logits(list(ids[:start]), cache)
             rows = [self.model.logits([int(t)], cache)[-1].float() for t in ids[start : n - 1]]
             return torch.stack(rows)
 
@@ -139,6 +141,23 @@ class Engine:
 
         return nullcontext() if patches is None else self.model.patched(patches)
 
+    @contextmanager
+    def _no_head(self) -> Iterator[None]:
+        """While only the KV cache is wanted, skip the vocabulary projection (a quarter of a prefill's
+        work on smol-moe) by swapping ``lm_head`` (whatever a patch made it) for a stub, then back."""
+        from torch.nn import Module
+
+        net = self.model.model
+        head = getattr(net, "lm_head", None)
+        if not isinstance(head, Module):
+            yield
+            return
+        net.lm_head = _no_head_module()
+        try:
+            yield
+        finally:
+            net.lm_head = head
+
     def _prefix_cache(self, prefix: list[int]) -> tuple[Any, int]:
         """A private copy of the KV cache after ``prefix`` (computed on a miss), and its length."""
         if not prefix:
@@ -147,7 +166,8 @@ class Engine:
         cache = self._prefixes.get(key)
         if cache is None:
             cache = self.model.new_cache()
-            self.model.logits(prefix, cache)
+            with self._no_head():
+                self.model.logits(prefix, cache)
             self.prefills += 1
             self._prefixes[key] = cache
             while len(self._prefixes) > self.prefix_cache_entries:
@@ -185,6 +205,17 @@ class Engine:
             if len(out) < max_tokens:
                 logits = self.model.logits([token], cache)[-1]
         return Generation(text, out, prompt_tokens, finish, cached, steps)
+
+
+def _no_head_module() -> Any:
+    """A module that stands in for ``lm_head`` when no logits are read: one zero per position."""
+    from torch import nn
+
+    class NoHead(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return x[..., :1] * 0
+
+    return NoHead()
 
 
 def _step(logits: Tensor, token: int, top_k: int) -> StepLogprobs:

@@ -214,11 +214,12 @@ async def arun_recall(
     try:
         with progress_bar(progress, f"recall {backend.name}", total, len(done)) as advance:
 
-            async def ask(conv: Conversation, fact: Fact) -> RecallSample:
+            async def ask(conv: Conversation, fact: Fact, counted: int) -> RecallSample:
                 answer = await backend.chat(conv.messages(fact), settings.max_new_tokens)
+                tokens = answer.prompt_tokens or counted  # a server that reports no usage: the count
                 sample = RecallSample(
                     conv.id, conv.length, fact.depth, fact.key, fact.value, answer.text,
-                    is_correct(fact.value, answer.text), answer.prompt_tokens,
+                    is_correct(fact.value, answer.text), tokens,
                 )  # fmt: skip
                 if store:
                     store.append(sample.to_json())
@@ -233,7 +234,9 @@ async def arun_recall(
                         f"more than the length {n}",
                         "use longer --lengths or fewer --depths",
                     )
-            jobs = [ask(conv, f) for conv, _ in convs for f in conv.facts if f"{conv.id}@{f.depth:g}" not in done]
+            jobs = [
+                ask(conv, f, n) for conv, n in convs for f in conv.facts if f"{conv.id}@{f.depth:g}" not in done
+            ]
             fresh = await asyncio.gather(*jobs)
     finally:
         if store:
