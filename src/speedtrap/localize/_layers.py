@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from speedtrap._errors import PatchError, SpeedtrapError, TargetError, UsageError
+from speedtrap.localize._heads import stub_output_head
 from speedtrap.localize._pairing import (
     RECOMPUTE_CHUNK_ELEMENTS,
     CompareError,
@@ -168,7 +169,7 @@ class _Collector:
                 hi = min(lo + step, side.tokens)
                 args = _narrow_all(plan.args, entry.tokens, start + lo, hi - lo)
                 kwargs = _narrow_all(plan.kwargs, entry.tokens, start + lo, hi - lo)
-                out = plan.module(*args, **kwargs)
+                out = plan.forward(*args, **kwargs)
                 rows_x = as_rows(float_tensors(out)[0], dim)
                 if not _edge_rows_match(rows_x, plan, start + lo, start + hi, entry.tokens):
                     rec.notes.append("not comparable: the baseline module is not position-wise")
@@ -209,6 +210,8 @@ def _edge_rows_match(rows: Tensor, plan: Recompute, lo: int, hi: int, tokens: in
     if hi == tokens:
         checks.append((rows.shape[0] - 1, plan.last_row))
     for index, kept in checks:
+        if kept is None:
+            continue  # a stubbed linear head: position-wise by construction
         got = rows[index].double()
         want = kept.double()
         if float((got - want).norm()) > 1e-4 * float(want.norm()) + 1e-12:
@@ -251,7 +254,8 @@ def layer_diff(
     with model.patched(baseline):
         twin = shared_copy(model.model)
     edges = position_edges(len(ids))
-    pairing = Pairing(recompute=dump is None)
+    heads = stub_output_head(twin) if dump is None else {}
+    pairing = Pairing(recompute=dump is None, heads=heads)
     collector = _Collector(pairing, edges, dump)
     with model.patched(wanted):
         handles = register(pairing, twin, model.model, collector)

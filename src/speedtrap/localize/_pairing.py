@@ -10,7 +10,8 @@ each module runs with all the intra-op threads. No activation outlives its compa
 peak is about two forwards' live activations, not a stored trace. A module whose output is much
 larger than its input (the lm_head: 85x on smol-moe) is not handed over at all: the baseline keeps
 its input and the patched side recomputes the baseline output in position chunks, so the two
-full logit matrices never coexist.
+full logit matrices never coexist (the baseline copy's linear head is stubbed, see ``_heads.py``,
+so that GEMM still runs once per side).
 
 Modules are matched by canonical name (``X.inner`` counts as ``X``: a patch that wraps ``X``
 keeps the original as ``X.inner``) and by token position, so a patched run that prefills in chunks
@@ -68,11 +69,13 @@ def position_dim(t: Tensor, tokens: int) -> int | None:
 
 @dataclass
 class Recompute:
-    module: nn.Module
+    """How to recompute a baseline output from its inputs (``forward`` is the module's real one)."""
+
+    forward: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    first_row: Tensor
-    last_row: Tensor
+    first_row: Tensor | None  # kept rows to check that it is position-wise (None: a linear head)
+    last_row: Tensor | None
 
 
 @dataclass
@@ -126,7 +129,9 @@ Handler = Callable[[str, str, Entry | None, list[Tensor], "SideState", bool], No
 class Pairing:
     """The shared state of one paired forward call and the hooks that drive it."""
 
-    def __init__(self, recompute: bool = True) -> None:
+    def __init__(self, recompute: bool = True, heads: dict[str, Callable[..., Any]] | None = None) -> None:
+        """``heads``: baseline modules whose forward was stubbed out (name -> the real forward)."""
+        self.heads = heads or {}
         self.pending: dict[str, deque[Entry]] = {}
         self.base = SideState()
         self.patched = SideState()
@@ -236,6 +241,9 @@ class Pairing:
             aliased = self.recent.get(alias) if alias is not None else None
             if aliased is not None and aliased.recompute is not None:
                 entry.tensors, entry.recompute = [], aliased.recompute  # the same big tensor: keep nothing
+            elif cname in self.heads and len(tensors) == 1 and pos_dims[0] is not None:
+                entry.tensors = []  # the stub computed nothing: recompute from the inputs when compared
+                entry.recompute = Recompute(self.heads[cname], args, dict(kwargs), None, None)
             elif self.allow_recompute and aliased is None:
                 entry.recompute = self._recompute_plan(module, args, kwargs, tensors, pos_dims, side.tokens)
                 if entry.recompute is not None:
@@ -280,7 +288,7 @@ class Pairing:
         from speedtrap.localize._stats import as_rows
 
         rows = as_rows(tensors[0], pos_dims[0])
-        return Recompute(module, args, dict(kwargs), rows[0].clone(), rows[-1].clone())
+        return Recompute(module.forward, args, dict(kwargs), rows[0].clone(), rows[-1].clone())
 
     # -- the patched side -------------------------------------------------------------------------
 
