@@ -8,7 +8,7 @@ from speedtrap.cli import _localize as _localize
 from speedtrap.cli import _probe as _probe
 from speedtrap.cli import _report as _report
 from speedtrap.cli import _targets as _targets
-from speedtrap.cli import _triage as _triage  # noqa: F401
+from speedtrap.cli import _triage as _triage
 from speedtrap.cli._app import app, main
 
 __all__ = ["app", "main"]
