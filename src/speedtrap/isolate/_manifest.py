@@ -46,12 +46,12 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
+from speedtrap._toml import read_manifest_toml
 from speedtrap.isolate._fields import integer, no_unknown, number, resolve, str_list, str_table, table
 from speedtrap.isolate._spec import (
     DEFAULT_HEALTH,
@@ -117,14 +117,7 @@ _SEARCH_KEYS = {"prior", "parallel"}
 def load_isolate_manifest(path: Path) -> IsolateManifest:
     """Read and check a manifest; every problem is a :class:`ManifestError` naming the field."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"manifest {str(path)!r} does not exist", "pass the path of a speedtrap.toml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"cannot read manifest {str(path)!r}: {exc}", "check the path and permissions") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"manifest {str(path)!r} is not valid TOML: {exc}", "fix the TOML syntax") from None
+    data = read_manifest_toml(path)
     return parse_manifest(data, path.parent, path)
 
 

@@ -16,12 +16,12 @@ Small on purpose, so it can be swapped for the shared manifest reader::
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
+from speedtrap._toml import read_manifest_toml
 
 ENV, FLAG, CONFIG, UNGATED = "env", "flag", "config", "ungated"
 
@@ -85,14 +85,7 @@ def _str_table(value: Any, where: str) -> tuple[tuple[str, str], ...]:
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest; every problem is a :class:`ManifestError` naming the field."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"manifest {str(path)!r} does not exist", "pass the path of a speedtrap.toml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"cannot read manifest {str(path)!r}: {exc}", "check the path and permissions") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"manifest {str(path)!r} is not valid TOML: {exc}", "fix the TOML syntax") from None
+    data = read_manifest_toml(path)
     raw = data.get("patches")
     if not isinstance(raw, list) or not raw:
         raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
