@@ -24,4 +24,4 @@ def resolve_target(spec: str) -> Target:
         if target.name == spec:
             return target
     names = ", ".join(t.name for t in known_targets())
-    raise UsageError(f"unknown target {spec!r}", f"choose one of: {names}")
+    raise UsageError(f"unknown target {spec!r}", f"choose one of: {names}, or hf:<model type | directory | file.gguf>")
