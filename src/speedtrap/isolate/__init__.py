@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from speedtrap._stats import wilson
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import (
     Executor,
@@ -43,7 +44,7 @@ from speedtrap.isolate._results import (
     Trial,
     Verdict,
 )
-from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec, wilson
+from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
 from speedtrap.isolate._run import Hooks, isolate, load_in_process, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore, trial_key

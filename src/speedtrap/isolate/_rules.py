@@ -17,22 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from speedtrap._errors import ProbeError
+from speedtrap._stats import wilson
 from speedtrap.isolate._manifest import VerdictSpec
 from speedtrap.isolate._results import Outcome
 
 Figures = Mapping[str, float]
 _Z95 = 1.959963984540054
-
-
-def wilson(correct: float, n: float, z: float = _Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class Rule(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from speedtrap._stats import wilson
 from speedtrap.probe._backend import Backend, ChatAnswer, PromptLogprobs, TokenDist
 from speedtrap.probe._conversations import Conversation, Fact, build_conversation
 from speedtrap.probe._divergence import (
@@ -16,7 +17,7 @@ from speedtrap.probe._engine import Engine, Generation
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
-from speedtrap.probe._stats import KLStats, wilson
+from speedtrap.probe._stats import KLStats
 
 __all__ = [
     "Backend",

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ProbeError, UsageError
+from speedtrap._stats import wilson
 from speedtrap.probe._backend import Backend
 from speedtrap.probe._conversations import KEYS, Conversation, Fact, build_conversation
 from speedtrap.probe._progress import progress_bar
-from speedtrap.probe._stats import wilson
 from speedtrap.probe._store import ResultsFile
 
 

@@ -8,22 +8,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of ``correct`` successes in ``n`` trials (95% for z = 1.96)."""
-    if n <= 0:
-        return 0.0, 1.0
-    if not 0 <= correct <= n:
-        raise ValueError(f"correct={correct} is not in 0..{n}")
-    p = correct / n
-    z2 = z * z
-    denom = 1 + z2 / n
-    center = (p + z2 / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    low = 0.0 if correct == 0 else max(0.0, center - half)  # exact at the ends, where rounding would
-    high = 1.0 if correct == n else min(1.0, center + half)  # put the bound a hair inside the estimate
-    return low, high
-
-
 def quantile(sorted_values: Sequence[float], q: float) -> float:
     """The q-quantile of sorted values, interpolating linearly between ranks (numpy's default)."""
     if not sorted_values:
@@ -91,6 +75,4 @@ class PositionStat:
 
 
 def summarize(stats: Sequence[PositionStat]) -> KLStats:
-    return KLStats.of(
-        [s.kl for s in stats], [s.same_top1 for s in stats], [s.dp for s in stats if s.dp is not None]
-    )
+    return KLStats.of([s.kl for s in stats], [s.same_top1 for s in stats], [s.dp for s in stats if s.dp is not None])

@@ -5,10 +5,10 @@ the run-directory loader turns into a line of the report's "Missing" section."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from speedtrap._stats import wilson
 from speedtrap.report._model import (
     Culprit,
     DivergenceRun,
@@ -32,17 +32,6 @@ from speedtrap.report._stages import (
     ScaleSection,
     TrialRow,
 )
-
-
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of ``correct`` out of ``n`` (95% by default)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _gate_words(gate: Mapping[str, Any]) -> str:
