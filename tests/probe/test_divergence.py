@@ -21,9 +21,8 @@ from speedtrap.targets._base import InProcessModel
 # One 272-token conversation (chunked_prefill cuts it at 256); the last 8 tokens decoded one by one.
 SETTINGS = DivergenceSettings(lengths=(272,), sequences=1, decode_tokens=8, bucket_size=64)
 HARMLESS = ("fused_rmsnorm", "moe_fused_experts", "chunked_prefill")
-# The margin the sensitivity test demands: the 1.5x change's mean KL over the harmless patches' worst p99
-# (measured: 0.106 nats decode, 0.226 prefill, against at most 3.8e-11: about 1e9).
-SENSITIVITY_MARGIN = 1e4
+# The margin the sensitivity test demands: the 1.5x change's mean KL over the harmless patches' worst p99.
+SENSITIVITY_MARGIN = 100.0
 
 
 @pytest.fixture(scope="module")
