@@ -193,3 +193,89 @@ def test_cli_bad_input_is_one_line_exit_2(args: tuple[str, ...], expected: str) 
     assert done.returncode == 2, done.stderr
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_concurrency_is_bounded() -> None:
+    flight = {"now": 0, "max": 0}
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        flight["now"] += 1
+        flight["max"] = max(flight["max"], flight["now"])
+        await asyncio.sleep(0.01)
+        flight["now"] -= 1
+        return httpx.Response(200, json=_chat_body())
+
+    async def main(backend: HttpBackend) -> list[Any]:
+        try:
+            return await asyncio.gather(*(backend.chat(MESSAGES, 8) for _ in range(20)))
+        finally:
+            await backend.aclose()
+
+    server = Server({"/v1/chat/completions": slow})  # type: ignore[dict-item]
+    backend = server.backend(concurrency=3)
+    assert [a.text for a in asyncio.run(main(backend))] == ["123456"] * 20
+    assert flight["max"] == 3
+    assert [a.text for a in asyncio.run(main(backend))] == ["123456"] * 20  # a second event loop, a fresh pool
+
+
+# One request fails while others hang; the caller closes the backend in a finally, then asyncio.run
+# cancels the hanging requests. Nothing may be printed at shutdown (no traceback, no warning).
+CLOSE_IN_FLIGHT = """
+import asyncio, httpx
+from speedtrap._errors import ServerError
+from speedtrap.probe import HttpBackend
+
+async def handler(request):
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"data": [{"id": "m"}]})
+    if request.url.path == "/v1/chat/completions" and b"fail" not in request.content:
+        await asyncio.sleep(3600)
+    return httpx.Response(404, json={"detail": "Not Found"})
+
+async def main():
+    backend = HttpBackend("http://s.test", "m", concurrency=4, transport=httpx.MockTransport(handler))
+    try:
+        await asyncio.gather(*(backend.chat([{"role": "user", "content": c}], 8) for c in ("a", "b", "c", "fail")))
+    finally:
+        await backend.aclose()
+
+try:
+    asyncio.run(main())
+except ServerError as exc:
+    print(exc.one_line())
+"""
+
+
+def test_closing_with_requests_in_flight_leaves_nothing_at_shutdown() -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", CLOSE_IN_FLIGHT], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "HTTP 404" in done.stdout
+    assert done.stderr == ""
+
+
+def test_a_request_waiting_for_a_slot_when_the_backend_closes_sends_nothing() -> None:
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def held(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content)["messages"][0]["content"])
+        await release.wait()
+        return httpx.Response(200, json=_chat_body())
+
+    async def main(backend: HttpBackend) -> tuple[Any, Any]:
+        await backend.connect()
+        backend._tokenize = False  # no /tokenize round trip: the two chats race for the one slot
+        first = asyncio.ensure_future(backend.chat([{"role": "user", "content": "first"}], 8))
+        second = asyncio.ensure_future(backend.chat([{"role": "user", "content": "second"}], 8))
+        await asyncio.sleep(0.05)
+        await backend.aclose()
+        release.set()
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    server = Server({"/v1/chat/completions": held})  # type: ignore[dict-item]
+    answered, refused = asyncio.run(main(server.backend(concurrency=1)))
+    assert answered.text == "123456"  # under way on a client of its own; the mock transport is not cut
+    assert isinstance(refused, ServerError) and "the backend was closed" in str(refused)
+    assert seen == ["first"]
