@@ -69,7 +69,6 @@ class ScaleMlpPatch:
         return undo
 
 
-
 @pytest.fixture(scope="session")
 def smol_scaled(smol: InProcessModel) -> InProcessModel:
     """The session's model (shared weights) with one more patch in its catalogue: ``mlp_x1.5_layers_0_2``."""

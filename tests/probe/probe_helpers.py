@@ -80,5 +80,3 @@ def stop_server(server: Server) -> None:
 def serve_argv(port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", str(port),
             "--threads", str(THREADS), *extra]  # fmt: skip
-
-

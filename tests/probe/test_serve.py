@@ -117,7 +117,6 @@ def test_gates_at_launch_and_divergence_over_http(served: Server, tmp_path: Path
         stop_server(patched)
 
 
-
 def test_cli_divergence_of_a_server_against_itself_is_zero(served: Server) -> None:
     argv = [sys.executable, "-m", "speedtrap", "probe", "divergence", "--target", served.url, "--baseline",
             served.url, "--lengths", "128", "--decode-tokens", "4", "--top-k", "5", "--json"]  # fmt: skip

@@ -98,6 +98,7 @@ def test_topk_kl_is_a_lower_bound_of_the_full_kl(case: tuple[list[float], list[f
 @given(st.integers(64, 3000), st.integers(0, 10**6), st.integers(2, 9), st.integers(0, 40))
 def test_conversation_length_search_matches_brute_force(length: int, seed: int, chars: int, overhead: int) -> None:
     """The filler-turn search finds the largest conversation that fits, as trying every count does."""
+
     async def count(messages: list[dict[str, str]]) -> int:  # a monotone stand-in tokenizer
         return sum(len(m["content"]) // chars + overhead + (hash(m["content"]) % 3) for m in messages)
 
