@@ -46,10 +46,23 @@ def bisect_cmd(
     threads: Annotated[
         int | None, typer.Option("--threads", help="--target: torch intra-op threads (default: torch's).")
     ] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option("--executor", help="local (default) or ray: trials on a Ray cluster."),
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="--executor ray: the head's host:port (default: a local cluster).")
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", help="Trials at once (servers or Ray workers; Ray's default: what fits)."),
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
-    from speedtrap.isolate import Hooks, isolate
+    import dataclasses
+
+    from speedtrap.isolate import Hooks, isolate, make_executor
     from speedtrap.isolate._defaults import build_manifest, default_run_dir
 
     if (target is None) == (manifest is None):
@@ -60,6 +73,14 @@ def bisect_cmd(
         target, manifest, parse_patch_list(patches) or None, set_ or [], probe, metric, bound, repeats,
         parse_patch_list(prior),
     )  # fmt: skip
+    if executor is not None:
+        if executor not in ("local", "ray"):
+            raise UsageError(f"--executor {executor!r} is not local or ray", "pass --executor ray")
+        spec = dataclasses.replace(spec, executor=executor)
+    if address is not None:
+        if spec.executor != "ray":
+            raise UsageError("--address is for --executor ray", "add --executor ray")
+        spec = dataclasses.replace(spec, address=address)
     if threads is not None:
         if threads < 1:
             raise UsageError(f"--threads {threads} must be at least 1", "pass --threads 1")
@@ -68,19 +89,25 @@ def bisect_cmd(
         torch.set_num_threads(threads)
     directory = run_dir or default_run_dir(spec)
     err_console.print(f"run directory: {escape(str(directory))}", highlight=False)
-    with _progress() as bar:
-        trials = bar.add_task("trials", total=None)
-        suspects = bar.add_task("suspects left", total=max(1, len(spec.patches) or 8))
+    runner = make_executor(spec, workers)
+    if spec.executor == "ray":
+        err_console.print(f"ray: {runner.capacity} worker(s), one trial each", highlight=False)
+    try:
+        with _progress() as bar:
+            trials = bar.add_task("trials", total=None)
+            suspects = bar.add_task("suspects left", total=max(1, len(spec.patches) or 8))
 
-        def on_trial(trial: object) -> None:
-            bar.advance(trials)
+            def on_trial(trial: object) -> None:
+                bar.advance(trials)
 
-        def on_search(state: object) -> None:
-            total = max(1, getattr(state, "total", 1))
-            left = int(getattr(state, "suspects_left", 0))
-            bar.update(suspects, total=total, completed=total - min(left, total))
+            def on_search(state: object) -> None:
+                total = max(1, getattr(state, "total", 1))
+                left = int(getattr(state, "suspects_left", 0))
+                bar.update(suspects, total=total, completed=total - min(left, total))
 
-        result = isolate(spec, directory, resume=resume, hooks=Hooks(on_trial, on_search))
+            result = isolate(spec, directory, resume=resume, executor=runner, hooks=Hooks(on_trial, on_search))
+    finally:
+        runner.close()
     if json:
         emit_json({"run_dir": str(directory), **result.to_json()})
         return

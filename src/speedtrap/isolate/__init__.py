@@ -16,9 +16,11 @@ from speedtrap.isolate._executor import (
     LocalExecutor,
     Measurement,
     Oracle,
+    OracleRecipe,
     ThreadExecutor,
     TrialOutcome,
     TrialRequest,
+    oracle_recipe,
     run_trial,
 )
 from speedtrap.isolate._launch import CommandNotFound, LaunchSpec, Server, free_port, launch
@@ -32,6 +34,7 @@ from speedtrap.isolate._manifest import (
     parse_manifest,
 )
 from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
+from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
     CulpritSet,
@@ -45,7 +48,7 @@ from speedtrap.isolate._results import (
     Verdict,
 )
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
-from speedtrap.isolate._run import Hooks, isolate, load_in_process, manifest_for_target
+from speedtrap.isolate._run import Hooks, isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore, trial_key
 
@@ -66,9 +69,11 @@ __all__ = [
     "LocalExecutor",
     "Measurement",
     "Oracle",
+    "OracleRecipe",
     "Outcome",
     "PatchSpec",
     "ProbeSpec",
+    "RayExecutor",
     "RecallDropRule",
     "Relations",
     "Rule",
@@ -83,6 +88,7 @@ __all__ = [
     "Trial",
     "TrialOutcome",
     "TrialRequest",
+    "TrialResources",
     "TrialStore",
     "Verdict",
     "VerdictSpec",
@@ -91,8 +97,10 @@ __all__ = [
     "launch",
     "load_in_process",
     "load_isolate_manifest",
+    "make_executor",
     "manifest_for_target",
     "minimal_transversals",
+    "oracle_recipe",
     "parse_manifest",
     "rule_from_spec",
     "run_trial",

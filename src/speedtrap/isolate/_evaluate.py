@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, TrialOutcome, TrialRequest, run_trial
+from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, TrialOutcome, TrialRequest
 from speedtrap.isolate._results import Config, Judgement, Outcome, Trial, Verdict
 from speedtrap.isolate._rules import Rule
 from speedtrap.isolate._store import TrialStore, trial_key
@@ -68,7 +68,7 @@ class Evaluator:
                     self.reused += 1
                 else:
                     todo.append(self._request(c, repeat, len(todo)))
-            for request, outcome in self.executor.run(todo, self._work):
+            for request, outcome in self.executor.run(todo, self.oracle, self.retries):
                 trial = self.store.record(
                     trial_key(self.identity, request.config, request.repeat), self.run_id, self._trial(request, outcome)
                 )
@@ -90,7 +90,7 @@ class Evaluator:
                 self._keep(runs, stored)
                 self.reused += 1
                 continue
-            for request, outcome in self.executor.run([self._request(config, repeat, 0)], self._work):
+            for request, outcome in self.executor.run([self._request(config, repeat, 0)], self.oracle, self.retries):
                 key = trial_key(self.identity, config, repeat)
                 trial = self.store.record(key, self.run_id, self._trial(request, outcome))
                 self.launches += 1
@@ -100,9 +100,6 @@ class Evaluator:
         return self._verdict(config, runs[config])
 
     # ------------------------------------------------------------------------------------------
-
-    def _work(self, request: TrialRequest) -> TrialOutcome:
-        return run_trial(self.oracle, request, self.retries)
 
     def _request(self, config: Config, repeat: int, offset: int) -> TrialRequest:
         label = f"trial-{self.store.next_index() + offset:04d}"

@@ -1,9 +1,13 @@
 """How trials run: an :class:`Executor` takes a batch of independent trials and reports each as it ends.
 
-The local executor runs them one after another (capacity 1). An executor with more capacity (a
-Ray cluster, one server per trial) runs a batch at once; the search then proposes several
-independent candidates per round, and with capacity 1 it proposes exactly the ones it would have
-tested one by one, so the launch count does not change.
+The local executor runs them one after another (capacity 1). An executor with more capacity
+(threads each launching a server, or a Ray cluster: ``speedtrap.isolate._ray``) runs a batch at
+once; the search then proposes several independent candidates per round, and with capacity 1 it
+proposes exactly the ones it would have tested one by one, so the launch count does not change.
+
+An executor that runs trials in other processes cannot take the oracle itself (a loaded model, a
+running reference server): it takes the oracle's *recipe*, a picklable callable that builds an
+equivalent oracle where the trial runs.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from speedtrap._errors import ProbeError, ServerError
+from speedtrap._errors import ProbeError, ServerError, UsageError
 from speedtrap.isolate._launch import CommandNotFound
 from speedtrap.isolate._results import Config
 
@@ -63,6 +67,22 @@ class Oracle(Protocol):
     def close(self) -> None: ...
 
 
+OracleRecipe = Callable[[], Oracle]
+"""Builds an oracle equivalent to one in this process, in another process (picklable)."""
+
+
+def oracle_recipe(oracle: Oracle) -> OracleRecipe:
+    """The oracle's recipe, or a one-line error for an oracle that can only run in this process."""
+    recipe = getattr(oracle, "recipe", None)
+    if recipe is None:
+        raise UsageError(
+            f"{type(oracle).__name__} cannot run in another process (it has no recipe())",
+            "use the local executor, or give the oracle a recipe() that rebuilds it",
+        )
+    built: OracleRecipe = recipe()
+    return built
+
+
 def run_trial(oracle: Oracle, request: TrialRequest, retries: int) -> TrialOutcome:
     """Run one trial; a server that dies or a probe that fails is retried ``retries`` times.
 
@@ -88,9 +108,13 @@ class Executor(Protocol):
     capacity: int
 
     def run(
-        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+        self, requests: Sequence[TrialRequest], oracle: Oracle, retries: int
     ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
-        """Run every request; yield each as soon as it ends (the caller commits it right away)."""
+        """Run every request with ``run_trial``; yield each as soon as it ends (the caller commits it)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (workers, a cluster connection); the caller owns it."""
         ...
 
 
@@ -100,10 +124,13 @@ class LocalExecutor:
     capacity = 1
 
     def run(
-        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+        self, requests: Sequence[TrialRequest], oracle: Oracle, retries: int
     ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
         for request in requests:
-            yield request, work(request)
+            yield request, run_trial(oracle, request, retries)
+
+    def close(self) -> None:
+        pass
 
 
 class ThreadExecutor:
@@ -117,9 +144,12 @@ class ThreadExecutor:
         self.capacity = max(1, capacity)
 
     def run(
-        self, requests: Sequence[TrialRequest], work: Callable[[TrialRequest], TrialOutcome]
+        self, requests: Sequence[TrialRequest], oracle: Oracle, retries: int
     ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
         with ThreadPoolExecutor(max_workers=self.capacity) as pool:
-            futures = {pool.submit(work, r): r for r in requests}
+            futures = {pool.submit(run_trial, oracle, r, retries): r for r in requests}
             for future in as_completed(futures):
                 yield futures[future], future.result()
+
+    def close(self) -> None:
+        pass

@@ -42,6 +42,10 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
 
     [search]
     prior = ["hash_topk_routed_scaling"]   # likely suspects first (triage's tiers)
+    parallel = 1                   # trials at once: servers on threads, or Ray workers
+    executor = "local"             # local | ray (pip install 'speedtrap[ray]')
+    address = "10.0.0.1:6379"      # executor = "ray": the cluster; left out: a local one for the run
+    resources = { num_gpus = 1 }   # executor = "ray": what one trial reserves (num_cpus, num_gpus, custom)
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from speedtrap.isolate._fields import integer, no_unknown, number, resolve, str_
 from speedtrap.isolate._spec import (
     DEFAULT_HEALTH,
     DIRECTIONS,
+    EXECUTORS,
     PROBE_KINDS,
     RULES,
     IsolateManifest,
@@ -107,7 +112,7 @@ _PATCH_KEYS = {
 }
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
-_SEARCH_KEYS = {"prior", "parallel"}
+_SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +146,20 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
                 f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(sorted(names))}"
             )
     parallel = integer(search.get("parallel", 1), "search.parallel", minimum=1)
-    return IsolateManifest(path, target, patches, probe, verdict, tuple(prior), parallel)
+    executor = search.get("executor", "local")
+    if executor not in EXECUTORS:
+        raise ManifestError(f"search.executor {executor!r} is not one of {', '.join(EXECUTORS)}", 'write "ray"')
+    address = search.get("address")
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ManifestError("search.address must be a non-empty string", 'write e.g. address = "10.0.0.1:6379"')
+    resources = []
+    for key, value in table(search, "resources").items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ManifestError(f"search.resources.{key} = {value!r} is not a non-negative number", f"write {key} = 1")
+        resources.append((str(key), float(value)))
+    return IsolateManifest(
+        path, target, patches, probe, verdict, tuple(prior), parallel, executor, address, tuple(resources)
+    )
 
 
 def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 
 from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
-from speedtrap.isolate._executor import Measurement, TrialRequest
+from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
@@ -51,6 +52,9 @@ class FunctionOracle:
         t0 = time.perf_counter()
         figures = {k: float(v) for k, v in self.fn(request.config, request.repeat).items()}
         return Measurement(figures, probe_s=time.perf_counter() - t0)
+
+    def recipe(self) -> OracleRecipe:
+        return functools.partial(FunctionOracle, self.fn, self._identity)
 
     def close(self) -> None:
         pass
@@ -122,15 +126,47 @@ def _write_report(request: TrialRequest, report: Any) -> str | None:
     return str(path)
 
 
+def load_target_model(target: TargetSpec, extra_patches: bool = False) -> Any:
+    """Load an in-process target by name (with its extra constructed patches when asked)."""
+    from speedtrap.targets import resolve_target
+
+    loader = resolve_target(str(target.name))
+    overrides = dict(target.overrides) or None
+    if extra_patches and hasattr(loader, "load"):
+        try:
+            return loader.load(overrides, extra_patches=True)  # type: ignore[call-arg]
+        except TypeError:
+            pass
+    return loader.load(overrides)
+
+
+def build_in_process_oracle(
+    target: TargetSpec, probe: ProbeSpec, always_on: tuple[str, ...], extra_patches: bool
+) -> InProcessOracle:
+    """An in-process oracle built from scratch (the recipe another process runs)."""
+    return InProcessOracle(load_target_model(target, extra_patches), target, probe, always_on, extra_patches)
+
+
 class InProcessOracle:
     """The probes on an in-process model; ``always_on`` patches (ungated) are on in every trial."""
 
-    def __init__(self, model: Any, target: TargetSpec, probe: ProbeSpec, always_on: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        model: Any,
+        target: TargetSpec,
+        probe: ProbeSpec,
+        always_on: Sequence[str] = (),
+        extra_patches: bool = False,
+    ) -> None:
         self.model = model
         self.target = target
         self.probe = probe
         self.always_on = tuple(always_on)
+        self.extra_patches = extra_patches  # how the model was loaded: the recipe loads it the same way
         self._baseline: Any = None  # one baseline backend: its logits are computed once per sequence
+
+    def recipe(self) -> OracleRecipe:
+        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.extra_patches)
 
     def identity(self) -> dict[str, object]:
         return {
@@ -184,6 +220,9 @@ class ServerOracle:
             "probe": self.probe.identity(),
             "switches": {name: p.switch() for name, p in self.patches.items()},
         }
+
+    def recipe(self) -> OracleRecipe:
+        return functools.partial(ServerOracle, self.target, tuple(self.patches[n] for n in self.order), self.probe)
 
     def launch_spec(self, config: Config, port: int) -> LaunchSpec:
         """argv and env for one configuration: the base environment without any patch's variables."""

@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from speedtrap._errors import ManifestError, SpeedtrapError
+from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, ThreadExecutor
 from speedtrap.isolate._manifest import IsolateManifest, PatchSpec, ProbeSpec, TargetSpec, VerdictSpec, check_relations
-from speedtrap.isolate._oracle import InProcessOracle, ServerOracle
+from speedtrap.isolate._oracle import InProcessOracle, ServerOracle, load_target_model
 from speedtrap.isolate._relations import Relations
 from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
@@ -55,20 +55,15 @@ def manifest_for_target(
     )
 
 
+def needs_extra_patches(manifest: IsolateManifest) -> bool:
+    """Whether the manifest names patches beyond the target's own (its extra constructed ones)."""
+    known = {i.name for i in _base_infos(manifest)}
+    return any(p.name not in known for p in manifest.patches)
+
+
 def load_in_process(manifest: IsolateManifest) -> Any:
     """Load the manifest's in-process target (with its extra constructed patches if one is named)."""
-    from speedtrap.targets import resolve_target
-
-    target = resolve_target(str(manifest.target.name))
-    overrides = dict(manifest.target.overrides) or None
-    known = {i.name for i in target.patch_infos()}
-    extra = any(p.name not in known for p in manifest.patches)
-    if extra and hasattr(target, "load"):
-        try:
-            return target.load(overrides, extra_patches=True)  # type: ignore[call-arg]
-        except TypeError:
-            pass
-    return target.load(overrides)
+    return load_target_model(manifest.target, needs_extra_patches(manifest))
 
 
 def _in_process_patches(manifest: IsolateManifest, model: Any) -> tuple[PatchSpec, ...]:
@@ -101,8 +96,30 @@ def isolate(
     check_interactions: bool = True,
     oracle: Oracle | None = None,
 ) -> IsolateResult:
-    """Find the culprit patch sets of ``manifest``'s target; trials are kept in ``run_dir``."""
-    hooks = hooks or Hooks()
+    """Find the culprit patch sets of ``manifest``'s target; trials are kept in ``run_dir``.
+
+    Without ``executor``, the one the manifest's ``[search]`` table asks for is made (and closed
+    at the end); a caller's executor is left open.
+    """
+    owned = executor is None
+    executor = executor if executor is not None else make_executor(manifest)
+    try:
+        return _isolate(manifest, run_dir, resume, model, executor, hooks or Hooks(), check_interactions, oracle)
+    finally:
+        if owned:
+            executor.close()
+
+
+def _isolate(
+    manifest: IsolateManifest,
+    run_dir: Path | None,
+    resume: bool,
+    model: Any,
+    executor: Executor,
+    hooks: Hooks,
+    check_interactions: bool,
+    oracle: Oracle | None,
+) -> IsolateResult:
     patches = manifest.patches
     if oracle is None:
         if manifest.target.in_process:
@@ -110,7 +127,7 @@ def isolate(
             patches = _in_process_patches(manifest, model)
             check_relations(patches)
             always = [p.name for p in patches if p.ungated]
-            oracle = InProcessOracle(model, manifest.target, manifest.probe, always)
+            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, needs_extra_patches(manifest))
         else:
             oracle = ServerOracle(manifest.target, patches, manifest.probe)
     names = [p.name for p in patches]
@@ -141,7 +158,7 @@ def isolate(
             run_id,
             repeats=manifest.verdict.repeats,
             retries=0 if manifest.target.in_process else manifest.target.retries,
-            executor=executor or _executor(manifest),
+            executor=executor,
             trial_dir=(run_dir / "trials") if run_dir is not None else None,
             on_trial=hooks.on_trial,
         )
@@ -163,6 +180,9 @@ def isolate(
         notes = list(result.notes)
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
+        failovers = getattr(executor, "failovers", 0)
+        if failovers:
+            notes.append(f"{failovers} trial(s) ran again on a fresh worker after theirs died mid-trial")
         refs = getattr(oracle, "reference_launches", 0)
         if refs:
             notes.append(
@@ -187,14 +207,28 @@ def isolate(
         store.close()
 
 
-def _executor(manifest: IsolateManifest) -> Executor:
-    if manifest.parallel > 1:
+def make_executor(manifest: IsolateManifest, workers: int | None = None) -> Executor:
+    """The executor the manifest asks for (``[search] executor``, ``parallel``, ``address``, ``resources``).
+
+    ``workers`` overrides ``parallel``; for Ray, when neither is set, as many workers as the
+    cluster's resources hold.
+    """
+    count = workers if workers is not None else manifest.parallel
+    if count < 1:
+        raise UsageError(f"--workers {count} must be at least 1", "pass --workers 1 or more")
+    if manifest.executor == "ray":
+        from speedtrap.isolate._ray import RayExecutor, TrialResources
+
+        resources = TrialResources.from_table(dict(manifest.resources))
+        explicit = workers if workers is not None else (manifest.parallel if manifest.parallel > 1 else None)
+        return RayExecutor(manifest.address, explicit, resources)
+    if count > 1:
         if manifest.target.in_process:
             raise ManifestError(
-                f"search.parallel = {manifest.parallel} needs a server target (one in-process model runs one trial)",
-                "drop search.parallel, or launch servers (target.launch)",
+                f"{count} trials at once need a server target or Ray (one in-process model runs one trial)",
+                "drop search.parallel / --workers, launch servers (target.launch), or use --executor ray",
             )
-        return ThreadExecutor(manifest.parallel)
+        return ThreadExecutor(count)
     return LocalExecutor()
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+EXECUTORS = ("local", "ray")
 PROBE_KINDS = ("divergence", "recall", "command")
 RULES = ("threshold", "recall_drop")
 DIRECTIONS = ("above", "below")
@@ -145,7 +146,10 @@ class IsolateManifest:
     probe: ProbeSpec = ProbeSpec()
     verdict: VerdictSpec = VerdictSpec()
     prior: tuple[str, ...] = ()
-    parallel: int = 1
+    parallel: int = 1  # trials at once (servers on threads, or Ray workers; Ray's default: what fits)
+    executor: str = "local"  # local | ray
+    address: str | None = None  # executor = "ray": the cluster (None: a local one started for the run)
+    resources: tuple[tuple[str, float], ...] = ()  # executor = "ray": what one trial reserves
 
     def patch(self, name: str) -> PatchSpec:
         for p in self.patches:
@@ -162,6 +166,9 @@ class IsolateManifest:
             "verdict": self.verdict.to_json(),
             "prior": list(self.prior),
             "parallel": self.parallel,
+            "executor": self.executor,
+            "address": self.address,
+            "resources": dict(self.resources),
         }
 
 

@@ -1,0 +1,371 @@
+"""Trials on a Ray cluster: one worker (a Ray actor) per trial slot, each reserving one trial's resources.
+
+``pip install 'speedtrap[ray]'``. The driver (the process running the search) keeps the trial
+store: workers return trial records and the driver commits each one as it comes back, so
+``--resume`` works exactly as with the local executor.
+
+Each worker builds the oracle from its recipe once (an in-process model loads once per worker; a
+divergence reference server starts once per worker) and runs one trial at a time; a worker is an
+actor rather than a task for that reason, and it holds the per-trial resources (``num_gpus``,
+``num_cpus``, custom resources) for the run. A worker that dies mid-trial (its process killed, its
+node lost) makes that trial fail over: a new worker is started, on another node when one has room,
+and the trial runs there once more; if that worker dies too, the trial is recorded as failed with
+the error and the log it left, and the search goes on with the verdict ``error`` for it.
+
+Files a trial writes (server log, probe report) land in the run directory on the worker's node;
+the worker sends them back with the record, and the driver writes those it does not already see
+(a cluster without a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedtrap._errors import SpeedtrapError, UsageError
+from speedtrap.isolate._executor import Oracle, OracleRecipe, TrialOutcome, TrialRequest, oracle_recipe, run_trial
+
+# What a worker sends back beside the record: files under this size (server logs, probe reports).
+_MAX_FILE_BYTES = 8 << 20
+# Environment variables a worker gets from the driver (never the whole environment: secrets stay here).
+FORWARDED_ENV = ("SPEEDTRAP_CACHE_DIR", "HF_HOME", "TRANSFORMERS_OFFLINE")
+
+
+@dataclass(frozen=True)
+class TrialResources:
+    """What one trial reserves on the cluster: CPUs, GPUs, and custom resources by name."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    custom: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], where: str = "search.resources") -> TrialResources:
+        values: dict[str, float] = {}
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise UsageError(f"{where}.{key} = {value!r} is not a non-negative number", f"write {key} = 1")
+            values[str(key)] = float(value)
+        cpus = values.pop("num_cpus", 1.0)
+        gpus = values.pop("num_gpus", 0.0)
+        return cls(cpus, gpus, values)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.custom}
+
+    def slots(self, cluster: Mapping[str, float]) -> int:
+        """How many trials fit on the cluster at once (at least 1: Ray queues what does not fit)."""
+        fits = [int(cluster.get(name, 0.0) // need) for name, need in self.as_dict().items() if need > 0]
+        return max(1, min(fits)) if fits else 1
+
+
+class _Worker:
+    """The actor body: builds the oracle on first use, runs one trial per call.
+
+    The recipe comes pickled (bytes) and is unpickled inside ``run``, so a recipe the worker cannot
+    rebuild (a module missing on its node) is an error of the run, not a dead worker.
+    """
+
+    def __init__(self, recipe: bytes, env: Mapping[str, str]) -> None:
+        os.environ.update(env)
+        self.recipe = recipe
+        self.oracle: Oracle | None = None
+
+    def where(self) -> tuple[str, int]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def run(self, request: TrialRequest, retries: int) -> tuple[TrialOutcome, dict[str, bytes]]:
+        if self.oracle is None:
+            self.oracle = _rebuild(self.recipe)
+        outcome = run_trial(self.oracle, request, retries)
+        return outcome, _trial_files(request)
+
+    def close(self) -> None:
+        if self.oracle is not None:
+            self.oracle.close()
+            self.oracle = None
+
+
+def _rebuild(recipe: bytes) -> Oracle:
+    from ray import cloudpickle
+
+    try:
+        build: OracleRecipe = cloudpickle.loads(recipe)
+    except Exception as exc:
+        raise UsageError(
+            f"the oracle cannot be rebuilt on a Ray worker: {type(exc).__name__}: {exc}",
+            "install speedtrap and every module the oracle uses on each node (same versions), "
+            "or run with the local executor",
+        ) from None
+    return build()
+
+
+def _trial_files(request: TrialRequest) -> dict[str, bytes]:
+    if request.workdir is None or not request.workdir.is_dir():
+        return {}
+    out: dict[str, bytes] = {}
+    for path in sorted(request.workdir.glob(f"{request.label}*")):
+        if path.is_file() and path.stat().st_size <= _MAX_FILE_BYTES:
+            out[path.name] = path.read_bytes()
+    return out
+
+
+def _keep_files(request: TrialRequest, files: Mapping[str, bytes]) -> None:
+    if request.workdir is None:
+        return
+    for name, data in files.items():
+        path = request.workdir / Path(name).name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    node: str = ""
+    pid: int = 0
+
+
+class RayExecutor:
+    """Runs a batch of trials at once on a Ray cluster (``address``) or a local one started here.
+
+    ``workers`` trial slots (default: as many as the cluster's resources hold); each trial reserves
+    ``resources``. A trial whose worker dies is run once more on a fresh worker, preferably on
+    another node; ``close()`` stops the workers (and their oracles' servers) and disconnects.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        resources: TrialResources | None = None,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise UsageError(
+                "--executor ray needs Ray, which is not installed", "pip install 'speedtrap[ray]'"
+            ) from None
+        self._ray = ray
+        self.resources = resources or TrialResources()
+        self.address = address
+        self._started_here = False
+        if not ray.is_initialized():
+            if address:
+                _check_reachable(address)
+            kwargs: dict[str, Any] = {
+                "log_to_driver": False,
+                "logging_level": logging.WARNING,
+                "include_dashboard": False,
+            }
+            kwargs.update(init_kwargs or {})
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = f"at {address}" if address else "(a local one)"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UsageError(
+                    f"cannot connect to the Ray cluster {where}: {first}",
+                    "check --address (host:port of a head started with `ray start --head`), or leave it out",
+                ) from None
+            self._started_here = True
+        if workers is not None and workers < 1:
+            raise UsageError(f"--workers {workers} must be at least 1", "pass --workers 1 or more")
+        self.capacity = workers or self.resources.slots(ray.cluster_resources())
+        self._slots: list[_Slot] = []
+        self._recipe = b""  # the oracle's recipe, pickled once per oracle
+        self._oracle_id: int | None = None
+        self.failovers = 0  # trials moved to a fresh worker after theirs died
+        self.moves: list[tuple[str, str]] = []  # (node of the dead worker, node of its replacement)
+
+    # ------------------------------------------------------------------------------------------
+
+    def _new_slot(self, avoid_node: str | None = None) -> _Slot:
+        ray = self._ray
+        options: dict[str, Any] = {
+            "num_cpus": self.resources.num_cpus,
+            "num_gpus": self.resources.num_gpus,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+        }
+        if self.resources.custom:
+            options["resources"] = dict(self.resources.custom)
+        if avoid_node:
+            other = self._other_node(avoid_node)
+            if other is not None:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(other, soft=True)
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env.setdefault("OMP_NUM_THREADS", str(max(1, int(self.resources.num_cpus))))
+        actor = ray.remote(_Worker).options(**options).remote(self._recipe, env)
+        return _Slot(actor)
+
+    def _other_node(self, avoid: str) -> str | None:
+        need = self.resources.as_dict()
+        for node in self._ray.nodes():
+            if not node.get("Alive") or node.get("NodeID") == avoid:
+                continue
+            have = node.get("Resources", {})
+            if all(have.get(name, 0.0) >= amount for name, amount in need.items() if amount > 0):
+                return str(node["NodeID"])
+        return None
+
+    def _locate(self, slots: Sequence[_Slot]) -> None:
+        refs = [s.actor.where.remote() for s in slots if not s.node]
+        todo = [s for s in slots if not s.node]
+        for slot, ref in zip(todo, refs, strict=True):
+            try:
+                slot.node, slot.pid = self._ray.get(ref)
+            except self._dead_errors():
+                pass  # it died already: the trial it gets fails over
+
+    def _ensure_slots(self, oracle: Oracle, wanted: int) -> None:
+        if self._oracle_id != id(oracle):
+            self._stop_slots()
+            from ray import cloudpickle
+
+            self._recipe = cloudpickle.dumps(oracle_recipe(oracle))
+            self._oracle_id = id(oracle)
+        new = [self._new_slot() for _ in range(max(0, wanted - len(self._slots)))]
+        self._locate(new)
+        self._slots.extend(new)
+
+    def _dead_errors(self) -> tuple[type[BaseException], ...]:
+        exc = self._ray.exceptions
+        return (exc.RayActorError, exc.WorkerCrashedError, exc.NodeDiedError, exc.ObjectLostError)
+
+    # ------------------------------------------------------------------------------------------
+
+    def run(
+        self, requests: Sequence[TrialRequest], oracle: Oracle, retries: int
+    ) -> Iterator[tuple[TrialRequest, TrialOutcome]]:
+        if not requests:
+            return
+        ray = self._ray
+        self._ensure_slots(oracle, min(self.capacity, len(requests)))
+        queue = list(requests)
+        deaths: dict[str, list[str]] = {}  # trial label -> how its workers died
+        idle = list(self._slots)
+        running: dict[Any, tuple[_Slot, TrialRequest, float]] = {}
+        while queue or running:
+            while queue and idle:
+                slot, request = idle.pop(0), queue.pop(0)
+                running[slot.actor.run.remote(request, retries)] = (slot, request, time.time())
+            done, _ = ray.wait(list(running), num_returns=1)
+            slot, request, started = running.pop(done[0])
+            try:
+                outcome, files = ray.get(done[0])
+            except self._dead_errors() as exc:
+                idle.append(self._replace(slot))
+                lost = deaths.setdefault(request.label, [])
+                lost.append(_death_line(exc, slot))
+                if len(lost) == 1:  # once more, on the fresh worker (another node when one has room)
+                    self.failovers += 1
+                    queue.insert(0, request)
+                    continue
+                yield request, _failed(request, lost, started)
+                continue
+            except ray.exceptions.RayTaskError as exc:
+                _reraise(exc)
+            idle.append(slot)
+            _keep_files(request, files)
+            if request.label in deaths:
+                outcome = _after_failover(outcome, deaths[request.label])
+            yield request, outcome
+
+    def _replace(self, dead: _Slot) -> _Slot:
+        new = self._new_slot(avoid_node=dead.node or None)
+        self._locate([new])
+        self.moves.append((dead.node, new.node))
+        self._slots = [s for s in self._slots if s is not dead] + [new]
+        return new
+
+    def _stop_slots(self) -> None:
+        ray = self._ray
+        closing = [s.actor.close.remote() for s in self._slots]
+        if closing:
+            with contextlib.suppress(Exception):  # a dead worker has nothing left to close
+                ray.get(closing, timeout=60)
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor)
+        self._slots = []
+
+    def close(self) -> None:
+        self._stop_slots()
+        if self._started_here:
+            self._ray.shutdown()
+            self._started_here = False
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a head that does not answer: Ray itself retries for minutes before it gives up."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"--address {address!r} is not host:port", "write e.g. --address 10.0.0.1:6379")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(
+            f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__})",
+            "start one with `ray start --head`, check the address, or leave --address out for a local cluster",
+        ) from None
+
+
+def _reraise(exc: BaseException) -> None:
+    """An error raised inside a trial (bad input, a bug) ends the run here as it would locally."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, SpeedtrapError):
+        raise cause from None
+    if isinstance(cause, BaseException):
+        raise cause
+    raise exc
+
+
+def _death_line(exc: BaseException, slot: _Slot) -> str:
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    where = f" (node {slot.node[:12]}, pid {slot.pid})" if slot.node else ""
+    return f"the Ray worker died mid-trial{where}: {type(exc).__name__}: {first[:300]}"
+
+
+def _trial_log(request: TrialRequest) -> str | None:
+    if request.workdir is None:
+        return None
+    logs = sorted(request.workdir.glob(f"{request.label}*.log"))
+    return str(logs[-1]) if logs else None
+
+
+def _failed(request: TrialRequest, why: list[str], started: float) -> TrialOutcome:
+    error = f"{why[-1]}; failed over once and died again" if len(why) > 1 else why[-1]
+    return TrialOutcome(None, error, _trial_log(request), len(why), started, time.time())
+
+
+def _after_failover(outcome: TrialOutcome, why: list[str]) -> TrialOutcome:
+    """A trial that ran on a second worker: its attempts count the lost one."""
+    if outcome.error is not None and len(why) > 1:
+        return outcome
+    return TrialOutcome(
+        outcome.measurement, outcome.error, outcome.log_path, outcome.attempts + len(why), outcome.started,
+        outcome.finished,
+    )  # fmt: skip
