@@ -63,7 +63,13 @@ def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retr
         raise UsageError(f"unknown --api {api!r}", "choose openai, vllm or sglang")
     key = os.environ.get("SPEEDTRAP_API_KEY")  # sent as a bearer token, never printed
     return HttpBackend(
-        url, model, concurrency=concurrency, timeout=timeout, retries=retries, api=api, api_key=key  # type: ignore[arg-type]
+        url,
+        model,
+        concurrency=concurrency,
+        timeout=timeout,
+        retries=retries,
+        api=api,  # type: ignore[arg-type]
+        api_key=key,
     )
 
 

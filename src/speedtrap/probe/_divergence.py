@@ -194,8 +194,10 @@ def approx_kl(p: dict[str, float], q: dict[str, float]) -> float:
 
 def compare_dists(position: int, base: TokenDist, cand: TokenDist, truth: str) -> PositionStat:
     pb, pc = base.logprob_of(truth), cand.logprob_of(truth)
-    dp = None if pb is None and pc is None else math.exp(pc if pc is not None else -math.inf) - math.exp(
-        pb if pb is not None else -math.inf
+    dp = (
+        None
+        if pb is None and pc is None
+        else math.exp(pc if pc is not None else -math.inf) - math.exp(pb if pb is not None else -math.inf)
     )
     return PositionStat(position, approx_kl(base.top, cand.top), base.argmax() == cand.argmax(), dp)
 

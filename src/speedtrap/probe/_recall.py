@@ -234,9 +234,7 @@ async def arun_recall(
                         f"more than the length {n}",
                         "use longer --lengths or fewer --depths",
                     )
-            jobs = [
-                ask(conv, f, n) for conv, n in convs for f in conv.facts if f"{conv.id}@{f.depth:g}" not in done
-            ]
+            jobs = [ask(conv, f, n) for conv, n in convs for f in conv.facts if f"{conv.id}@{f.depth:g}" not in done]
             fresh = await asyncio.gather(*jobs)
     finally:
         if store:
