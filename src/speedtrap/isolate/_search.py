@@ -38,6 +38,7 @@ from speedtrap.isolate._results import (
 )
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
+Ahead = Callable[[list[str]], list[list[str]]]
 Wanted = Callable[[Judgement], bool]
 
 
@@ -102,6 +103,25 @@ class Search:
                 self._remember(judgement)
         return [self.memo[c] for c in canon]
 
+    def consider_ahead(self, needed: Sequence[Iterable[str]], ahead: Sequence[Iterable[str]]) -> list[Judgement]:
+        """Judge ``needed``; with capacity above 1, the spare slots of its last batch take ``ahead``.
+
+        ``ahead`` are configurations the search will likely ask next (the next bisection's split
+        points, the next context): on a cluster they cost no extra round, and the passes read
+        their verdicts from the memo. With capacity 1 this is exactly ``consider_many(needed)``.
+        """
+        if self.capacity > 1:
+            fresh = list(dict.fromkeys(c for c in map(self.canonical, needed) if c not in self.memo))
+            spare = (-len(fresh)) % self.capacity if fresh else 0
+            extra: list[Config] = []
+            for c in map(self.canonical, ahead):
+                if len(extra) >= spare:
+                    break
+                if c not in self.memo and c not in fresh and c not in extra:
+                    extra.append(c)
+            self.consider_many([*fresh, *extra])
+        return self.consider_many(needed)
+
     def _remember(self, judgement: Judgement) -> None:
         self.memo[judgement.config] = judgement
         self.considered.append(judgement)
@@ -113,7 +133,7 @@ class Search:
         order = self.order
         if not order:
             return self._stop(Status.FULL_PASSES, "no patch can be switched: nothing to search")
-        base = self.consider(())
+        base = self.consider_ahead([()], [order])[0]
         if base.verdict is not Verdict.PASS:
             if base.verdict is Verdict.FAIL:
                 return self._stop(Status.BASELINE_FAILS, "the baseline (no patch on) already fails: no patch to blame")
@@ -140,8 +160,9 @@ class Search:
                 ctx = self._without(order, hitting)
                 if ctx and ctx not in contexts:
                     contexts.append(ctx)
-            if self.capacity > 1:
-                self.consider_many(contexts)
+            if contexts and self.capacity > 1:  # one at a time otherwise: the first new set ends the round
+                first = contexts[0]
+                self.consider_ahead(contexts, [first[:p] for p in self._split_points(first, 0, len(first))])
             new = None
             for ctx in contexts:
                 verdict = self.consider(ctx).verdict
@@ -149,7 +170,7 @@ class Search:
                     # Follow clean fails; only a context that is itself inconclusive is searched for
                     # the inconclusive patches in it (reported unconfirmed).
                     wanted = _fails if verdict is Verdict.FAIL else _bad
-                    found_set = self._minimal([], ctx, wanted, infer=True)
+                    found_set = self._minimal([], ctx, wanted, infer=True, then=lambda m: self._next_round(found, m))
                     if found_set is None:
                         continue
                     m = self.canonical(found_set)
@@ -167,7 +188,15 @@ class Search:
         self.notes.append("stopped after the round limit: there may be more culprit sets")
         return found
 
-    def _minimal(self, base: list[str], cands: list[str], wanted: Wanted, infer: bool) -> list[str] | None:
+    def _next_round(self, found: list[Config], m: Iterable[str]) -> list[list[str]]:
+        """What discovery tests first once ``m`` joins ``found``: the next context and its split points."""
+        hitting = minimal_transversals([set(x) for x in [*found, tuple(m)]], self._pos)
+        ctx = self._without(self.order, hitting[0]) if hitting else []
+        return [ctx, *(ctx[:p] for p in self._split_points(ctx, 0, len(ctx)))] if ctx else []
+
+    def _minimal(
+        self, base: list[str], cands: list[str], wanted: Wanted, infer: bool, then: Ahead | None = None
+    ) -> list[str] | None:
         """A minimal X of ``cands`` with base+X wanted, given base+cands wanted and base not.
 
         In culprit mode, a set that turns out to need two or more patches is first re-measured once
@@ -177,20 +206,26 @@ class Search:
         """
         for _ in range(len(cands) + 1):
             try:
-                return self._minimal_once(base, cands, wanted, infer)
+                return self._minimal_once(base, cands, wanted, infer, then)
             except _Evaporated:
                 if not wanted(self.consider(base + cands)):
                     return None
         return None
 
-    def _minimal_once(self, base: list[str], cands: list[str], wanted: Wanted, infer: bool) -> list[str]:
+    def _minimal_once(
+        self, base: list[str], cands: list[str], wanted: Wanted, infer: bool, then: Ahead | None = None
+    ) -> list[str]:
         kept: list[str] = []
         rest = list(cands)
         while rest:
             if kept:
                 trial = base + kept
-                if not (infer and self._known_pass(trial)) and wanted(self.consider(trial)):
-                    return kept
+                if not (infer and self._known_pass(trial)):
+                    # Spare slots: what comes next if ``kept`` is the answer, then if it is not.
+                    done = then(kept) if then is not None else []
+                    more = [base + kept + rest[:p] for p in self._split_points(rest, 0, len(rest))]
+                    if wanted(self.consider_ahead([trial], _interleave(done, more))[0]):
+                        return kept
                 if infer and self._recheck_flips(base + kept + rest, wanted):
                     raise _Evaporated
             lo = min(self._known_prefix(base + kept, rest), len(rest) - 1) if infer else 0
@@ -202,6 +237,9 @@ class Search:
     def _bisect(self, base: list[str], cands: list[str], lo: int, hi: int, wanted: Wanted, infer: bool) -> int:
         """Smallest i with base+cands[:i] wanted, knowing it is not at lo and is at hi."""
         while hi - lo > 1:
+            lo, hi = self._narrow(base, cands, lo, hi, wanted)
+            if hi - lo <= 1:
+                break
             self._report(hi - lo, "bisect")
             points = self._split_points(cands, lo, hi)
             if infer:
@@ -215,6 +253,14 @@ class Search:
             lo = max([p for p, j in zip(points, judgements, strict=True) if not wanted(j) and p < hi] + [lo])
         self._report(1, "bisect")
         return hi
+
+    def _narrow(self, base: list[str], cands: list[str], lo: int, hi: int, wanted: Wanted) -> tuple[int, int]:
+        """The range (lo, hi) after what the memo already says of the prefixes in it (speculated ones)."""
+        known = [(i, self.memo.get(self.canonical(base + cands[:i]))) for i in range(lo + 1, hi)]
+        hit = [i for i, j in known if j is not None and wanted(j)]
+        hi = min([*hit, hi])
+        lo = max([i for i, j in known if j is not None and not wanted(j) and i < hi] + [lo])
+        return lo, hi
 
     def _split_points(self, cands: list[str], lo: int, hi: int) -> list[int]:
         """``capacity`` split points in (lo, hi) that cut the suspects' prior weight into equal parts."""
@@ -254,6 +300,11 @@ class Search:
         if self.check_interactions and checked:
             self._report(0, "checks")
             contexts = {m: self.canonical(self._context(order, sets, [m])) for m in checked}
+            if self.capacity > 1:  # the checks below packed into full rounds (exact when no set is masked)
+                pairs = [(a, b) for i, a in enumerate(checked) for b in checked[i + 1 :]]
+                pairs_ahead = [self._context(order, checked, list(pair)) for pair in pairs]
+                fixed_ahead = self._without(order, {p for m in sets for p in m})
+                self.consider_many([*contexts.values(), *pairs_ahead, fixed_ahead])
             self.consider_many(list(contexts.values()))
             for m in checked:
                 if self.consider(contexts[m]).verdict is Verdict.PASS:
@@ -403,6 +454,13 @@ class Search:
 
 class _Evaporated(Exception):
     """A fail the search was following did not hold when measured again."""
+
+
+def _interleave(a: list[list[str]], b: list[list[str]]) -> list[list[str]]:
+    out: list[list[str]] = []
+    for i in range(max(len(a), len(b))):
+        out.extend(x[i] for x in (a, b) if i < len(x))
+    return out
 
 
 def _bad(j: Judgement) -> bool:
