@@ -224,3 +224,44 @@ def test_smol_moe_in_process_on_two_ray_workers_gives_the_local_verdict(
     for t in remote.trials:
         if t.config in mine:
             assert t.figures["worst.kl_p99"] == pytest.approx(mine[t.config], rel=1e-4, abs=1e-6)
+
+
+def test_a_node_lost_mid_trial_moves_the_trial_to_the_other_node(cluster: Any, tmp_path: Path) -> None:
+    """The whole node under a running trial is removed (its raylet and workers die); the run goes on."""
+    import threading
+    import time
+
+    victim = ("p0", "p1", "p2")
+    marker = tmp_path / "started"
+
+    def fn(config: tuple[str, ...], repeat: int) -> dict[str, float]:
+        if tuple(config) == victim and not marker.exists():
+            marker.write_text("1")
+            time.sleep(60)  # the node goes away while this trial runs
+        on = set(config)
+        return {"metric": 1.0 if "p2" in on or {"p4", "p5"} <= on else 0.0}
+
+    with RayExecutor(workers=1) as executor:
+
+        def remove_the_trials_node() -> None:
+            deadline = time.monotonic() + 120
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            node_id = executor._slots[0].node
+            (node,) = [n for n in cluster.list_all_nodes() if n.node_id == node_id]
+            cluster.remove_node(node, allow_graceful=False)
+
+        killer = threading.Thread(target=remove_the_trials_node)
+        killer.start()
+        t0 = time.monotonic()
+        result, evaluator = run_simulated(fn, tmp_path / "run", executor)
+        killer.join()
+        moves = list(executor.moves)
+    cluster.add_node(num_cpus=1)  # give the module's cluster back its second worker node
+    cluster.wait_for_nodes()
+    assert time.monotonic() - t0 < 60  # the trial did not wait out its sleep on the lost node
+    assert result.culprit_names == CULPRITS
+    (trial,) = [t for t in evaluator.trials if t.config == victim]
+    assert trial.status == "ok" and trial.attempts == 2
+    (dead, new), *_ = moves
+    assert dead and new and dead != new
