@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from probe_helpers import MLP_X15
@@ -86,3 +87,39 @@ def test_the_same_change_is_invisible_to_recall(smol_scaled: InProcessModel, gri
     assert len(same) == 4
     assert scaled.overall.accuracy >= 0.75, scaled.answers()
     assert scaled.overall.correct >= sum(s.correct for s in same) - 1
+
+
+class InterruptedAfter(InProcessBackend):
+    """A real in-process candidate interrupted (as by Ctrl-C) when its ``after + 1``-th sequence starts."""
+
+    def __init__(self, model: InProcessModel, patches: list[str], after: int) -> None:
+        super().__init__(model, patches)
+        self.after, self.calls = after, 0
+
+    def prefill_logits(self, ids: list[int]) -> object:  # type: ignore[override]
+        if self.calls >= self.after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return super().prefill_logits(ids)
+
+
+def test_an_interrupted_divergence_keeps_its_sequences_and_resumes(smol: InProcessModel, tmp_path: Path) -> None:
+    from speedtrap._errors import UsageError
+
+    settings = DivergenceSettings(lengths=(64,), sequences=3, decode_tokens=4, bucket_size=16)
+    results = tmp_path / "divergence.jsonl"
+    base = InProcessBackend(smol)
+    with pytest.raises(KeyboardInterrupt):
+        first = InterruptedAfter(smol, ["lm_head_bf16"], 2)
+        run_divergence(base, first, settings, results_path=results, progress=False)
+    assert len(results.read_text().splitlines()) == 1 + 2  # header + the two finished sequences
+    with pytest.raises(UsageError, match="already exists"):
+        run_divergence(base, InProcessBackend(smol, ["lm_head_bf16"]), settings, results_path=results, progress=False)
+    second = InterruptedAfter(smol, ["lm_head_bf16"], 100)
+    resumed = run_divergence(base, second, settings, results_path=results, resume=True, progress=False)
+    assert second.calls == 1  # only the missing sequence ran
+    whole = run_divergence(base, InProcessBackend(smol, ["lm_head_bf16"]), settings, progress=False)
+    assert resumed.sequence_tokens == whole.sequence_tokens
+    for phase in ("prefill", "decode"):
+        assert resumed.phases[phase].to_json() == whole.phases[phase].to_json()
+    assert resumed.phases["prefill"].overall.kl_mean > 0

@@ -117,12 +117,19 @@ def test_gates_at_launch_and_divergence_over_http(served: Server, tmp_path: Path
         stop_server(patched)
 
 
-def test_cli_divergence_of_a_server_against_itself_is_zero(served: Server) -> None:
+def test_cli_divergence_of_a_server_against_itself_is_zero(served: Server, tmp_path: Path) -> None:
+    results = tmp_path / "d.jsonl"
     argv = [sys.executable, "-m", "speedtrap", "probe", "divergence", "--target", served.url, "--baseline",
-            served.url, "--lengths", "128", "--decode-tokens", "4", "--top-k", "5", "--json"]  # fmt: skip
+            served.url, "--lengths", "128", "--decode-tokens", "4", "--top-k", "5", "--json",
+            "--results", str(results)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert "top-5" in data["approximation"]
     assert {p: d["overall"]["kl_max"] for p, d in data["phases"].items()} == {"prefill": 0.0, "decode": 0.0}
     assert data["phases"]["prefill"]["overall"]["tokens"] == 127
+    assert len(results.read_text().splitlines()) == 2  # header + the one sequence, written as it finished
+    # Resuming a finished file measures nothing again and reports the same figures.
+    again = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["phases"] == data["phases"]

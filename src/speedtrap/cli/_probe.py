@@ -177,6 +177,8 @@ def divergence_cmd(
     seed: SeedOpt = None,
     model: ModelOpt = "",
     baseline_model: Annotated[str, typer.Option("--baseline-model", help="Model name on the baseline server.")] = "",
+    results: Annotated[Path | None, typer.Option("--results", help="Write sequences here as they finish.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish the sequences missing from --results.")] = False,
     set_: SetOpt = None,
     concurrency: ConcurrencyOpt = 8,
     timeout: TimeoutOpt = 600.0,
@@ -200,6 +202,8 @@ def divergence_cmd(
         if value is not None:
             changes[key] = value
     settings = replace(settings, **changes)
+    if resume and results is None:
+        raise UsageError("--resume needs --results", "pass --results PATH of the interrupted run")
     base: Backend
     cand: Backend
     if _is_url(target):
@@ -216,8 +220,10 @@ def divergence_cmd(
         loaded = _load_smol(target, set_)
         base = InProcessBackend(loaded, parse_patch_list(baseline))
         cand = InProcessBackend(loaded, _patch_names(loaded, patches))
-    report = run_divergence(base, cand, settings, progress=True)
-    asyncio.run(_close(base, cand))
+    try:
+        report = run_divergence(base, cand, settings, results_path=results, resume=resume, progress=True)
+    finally:
+        asyncio.run(_close(base, cand))
     if json:
         emit_json(report.to_json())
         return

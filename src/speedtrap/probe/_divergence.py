@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import ProbeError, UsageError
@@ -24,6 +25,7 @@ from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
 from speedtrap.probe._stats import KLStats, PositionStat, summarize
+from speedtrap.probe._store import ResultsFile
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -235,28 +237,68 @@ async def _sequence(backend: Backend, settings: DivergenceSettings, length: int,
     return prompt if isinstance(prompt, str) else list(prompt)[:length]
 
 
+def _row(length: int, index: int, tokens: int, found: dict[str, list[PositionStat]]) -> dict[str, Any]:
+    """One finished sequence as a results-file line: its positions' figures, phase by phase."""
+    out: dict[str, Any] = {"length": length, "index": index, "tokens": tokens}
+    for phase in PHASES:
+        out[phase] = [[st.position, st.kl, st.same_top1, st.dp] for st in found[phase]]
+    return out
+
+
+def _from_row(row: dict[str, Any]) -> tuple[int, dict[str, list[PositionStat]]]:
+    found = {phase: [PositionStat(int(p), float(k), bool(t), d) for p, k, t, d in row[phase]] for phase in PHASES}
+    return int(row["tokens"]), found
+
+
 async def arun_divergence(
-    baseline: Backend, candidate: Backend, settings: DivergenceSettings, *, progress: bool = True
+    baseline: Backend,
+    candidate: Backend,
+    settings: DivergenceSettings,
+    *,
+    results_path: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
 ) -> DivergenceReport:
+    """The divergence probe, async (see :func:`run_divergence`)."""
     started = time.perf_counter()
     exact = isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
     jobs = [(n, i) for n in settings.lengths for i in range(settings.sequences)]
+    header = {"settings": settings.to_json(), "baseline": baseline.name, "candidate": candidate.name}
+    store = ResultsFile(results_path, "divergence", header, resume) if results_path else None
+    finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat]]]] = {}
+    for row in store.done if store else []:
+        try:
+            finished[(int(row["length"]), int(row["index"]))] = _from_row(row)
+        except (KeyError, TypeError, ValueError):
+            continue  # a damaged line: that sequence runs again
+    try:
+        with progress_bar(progress, f"divergence {candidate.name}", len(jobs), len(finished)) as advance:
+            for n, i in jobs:
+                if (n, i) in finished:
+                    continue
+                prompt = await _sequence(baseline, settings, n, i)
+                if exact:
+                    assert isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
+                    ids = list(prompt) if not isinstance(prompt, str) else baseline._ids(prompt)
+                    found = _exact(baseline, candidate, ids, settings.decode_tokens)
+                    tokens = len(ids)
+                else:
+                    found = await _topk(baseline, candidate, prompt, settings.decode_tokens, settings.top_k)
+                    tokens = max((st.position for st in found["prefill"]), default=0) + 1
+                finished[(n, i)] = (tokens, found)
+                if store:
+                    store.append(_row(n, i, tokens, found))
+                advance()
+    finally:
+        if store:
+            store.close()
     stats: dict[str, list[PositionStat]] = {p: [] for p in PHASES}
     lengths: list[int] = []
-    with progress_bar(progress, f"divergence {candidate.name}", len(jobs)) as advance:
-        for n, i in jobs:
-            prompt = await _sequence(baseline, settings, n, i)
-            if exact:
-                assert isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
-                ids = list(prompt) if not isinstance(prompt, str) else baseline._ids(prompt)
-                found = _exact(baseline, candidate, ids, settings.decode_tokens)
-                lengths.append(len(ids))
-            else:
-                found = await _topk(baseline, candidate, prompt, settings.decode_tokens, settings.top_k)
-                lengths.append(max((s.position for s in found["prefill"]), default=0) + 1)
-            for phase in PHASES:
-                stats[phase].extend(found[phase])
-            advance()
+    for job in jobs:  # in job order, whichever run measured each sequence
+        tokens, found = finished[job]
+        lengths.append(tokens)
+        for phase in PHASES:
+            stats[phase].extend(found[phase])
     phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
     approximation = None if exact else APPROXIMATION.format(k=settings.top_k)
     return DivergenceReport(
@@ -265,7 +307,18 @@ async def arun_divergence(
 
 
 def run_divergence(
-    baseline: Backend, candidate: Backend, settings: DivergenceSettings, *, progress: bool = True
+    baseline: Backend,
+    candidate: Backend,
+    settings: DivergenceSettings,
+    *,
+    results_path: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
 ) -> DivergenceReport:
-    """Compare ``candidate``'s next-token distributions to ``baseline``'s, in prefill and decode."""
-    return asyncio.run(arun_divergence(baseline, candidate, settings, progress=progress))
+    """Compare ``candidate``'s next-token distributions to ``baseline``'s, in prefill and decode.
+
+    With ``results_path``, each finished sequence is written there at once; ``resume`` measures
+    only the sequences missing from it (same settings and backends, else a one-line error).
+    """
+    coro = arun_divergence(baseline, candidate, settings, results_path=results_path, resume=resume, progress=progress)
+    return asyncio.run(coro)
