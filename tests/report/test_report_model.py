@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from speedtrap._errors import StoreError
+from speedtrap._shapes import LayerGrowth
 from speedtrap.report import ReportData, Verdict, load_report_data, report_schema, schema_errors, write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,3 +52,17 @@ def test_write_json_refuses_a_report_that_breaks_the_schema(run_dir: Path, tmp_p
     assert not (tmp_path / "report.json").exists()
     assert write_json(data, tmp_path).exists()
     assert list(tmp_path.glob(".*tmp")) == []  # no temporary file left behind
+
+
+def test_a_growth_point_with_null_figures_round_trips() -> None:
+    point = {"layer": 3, "module": "model.layers.3", "rel_diff": None, "max_rel_diff": None}
+    assert LayerGrowth.from_json(point).to_json() == point
+
+
+def test_the_report_loads_no_stage() -> None:
+    """The shapes the report shares with isolate and localize live in ``speedtrap._shapes``: importing the
+    report loads neither torch (localize) nor the isolate's launch and HTTP machinery."""
+    stages = ("torch", "speedtrap.localize", "speedtrap.isolate", "httpx")
+    code = f"import sys, speedtrap.report; print([m for m in {stages!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

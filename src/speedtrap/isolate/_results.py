@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedtrap._shapes import CulpritSet as CulpritSet  # shared with the report
+
 Config = tuple[str, ...]  # a configuration: the patch names switched on, sorted
 
 
@@ -131,22 +133,6 @@ class Judgement:
             trials=tuple(int(t) for t in d.get("trials", [])),
             note=str(d.get("note", "")),
         )
-
-
-@dataclass(frozen=True)
-class CulpritSet:
-    """A 1-minimal failing set: it fails, and dropping any one of its patches makes it pass."""
-
-    patches: Config
-    confirmed: bool  # its own verdict is a clean fail (not inconclusive)
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"patches": list(self.patches), "confirmed": self.confirmed, "note": self.note}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> CulpritSet:
-        return cls(_config(d["patches"]), bool(d["confirmed"]), str(d.get("note", "")))
 
 
 class InteractionKind(enum.StrEnum):

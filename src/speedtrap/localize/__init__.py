@@ -7,12 +7,12 @@ scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applicatio
 
 from __future__ import annotations
 
+from speedtrap._shapes import LayerGrowth
 from speedtrap.localize._inputs import default_ids
 from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
 from speedtrap.localize._results import (
     ConsumerFit,
     LayerDiffResult,
-    LayerGrowth,
     ModuleDiff,
     PinnedSite,
     ScaleCheckResult,

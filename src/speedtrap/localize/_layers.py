@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from speedtrap._errors import PatchError, SpeedtrapError, TargetError, UsageError
+from speedtrap._shapes import LayerGrowth
 from speedtrap.localize._heads import stub_output_head
 from speedtrap.localize._pairing import (
     RECOMPUTE_CHUNK_ELEMENTS,
@@ -33,7 +34,7 @@ from speedtrap.localize._pairing import (
     position_dim,
     register,
 )
-from speedtrap.localize._results import LayerDiffResult, LayerGrowth, ModuleDiff, layer_of, layer_prefix
+from speedtrap.localize._results import LayerDiffResult, ModuleDiff, layer_of, layer_prefix
 from speedtrap.localize._stats import Accumulator, as_rows, compare_rows, position_edges
 from speedtrap.targets._base import InProcessModel
 

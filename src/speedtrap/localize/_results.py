@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedtrap._shapes import LayerGrowth
+
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
@@ -79,28 +81,6 @@ class ModuleDiff:
             bucket_rel_diff=_tuple_floats(data.get("bucket_rel_diff", [])),
             note=str(data.get("note", "")),
         )
-
-
-@dataclass(frozen=True)
-class LayerGrowth:
-    """The error after one layer: its block output's rel_diff and the largest inside it."""
-
-    layer: int
-    module: str
-    rel_diff: float | None
-    max_rel_diff: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "module": self.module,
-            "rel_diff": self.rel_diff,
-            "max_rel_diff": self.max_rel_diff,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LayerGrowth:
-        return cls(int(data["layer"]), str(data["module"]), data.get("rel_diff"), float(data["max_rel_diff"]))
 
 
 @dataclass(frozen=True)

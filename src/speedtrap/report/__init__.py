@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from speedtrap._shapes import CulpritSet as Culprit  # the report's name for it
 from speedtrap.report._commands import Source
 from speedtrap.report._data import FigureRef, MissingPart, ReportData, RunInfo, StageInfo
 from speedtrap.report._html import render_html
@@ -20,7 +21,6 @@ from speedtrap.report._load import load_report_data
 from speedtrap.report._markdown import render_markdown
 from speedtrap.report._model import (
     SCHEMA_VERSION,
-    Culprit,
     DivergenceRun,
     KLSummary,
     RecallRun,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from speedtrap._shapes import CulpritSet, LayerGrowth
 from speedtrap._stats import wilson
 from speedtrap.report._model import (
-    Culprit,
     DivergenceRun,
     InteractionNote,
     KLBucket,
@@ -24,7 +24,6 @@ from speedtrap.report._model import (
     _f,
 )
 from speedtrap.report._stages import (
-    GrowthPoint,
     IsolationSection,
     JudgementRow,
     LayerSection,
@@ -125,7 +124,7 @@ def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSec
         rule=words,
         metric=metric,
         bound=bound,
-        culprits=tuple(Culprit.from_json(dict(c)) for c in doc.get("culprits", [])),
+        culprits=tuple(CulpritSet.from_json(dict(c)) for c in doc.get("culprits", [])),
         interactions=tuple(InteractionNote.from_json(dict(i)) for i in doc.get("interactions", [])),
         trials=tuple(TrialRow.from_json(dict(t)) for t in doc.get("trials", [])),
         judgements=tuple(JudgementRow.from_json(dict(j)) for j in doc.get("judgements", [])),
@@ -134,6 +133,11 @@ def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSec
         notes=tuple(str(n) for n in doc.get("notes", [])),
         command=command,
     )
+
+
+def _growth(g: Mapping[str, Any]) -> LayerGrowth:
+    """One point of localize's growth curve, its numbers made finite or None (JSON has no NaN)."""
+    return LayerGrowth(int(g["layer"]), str(g.get("module", "")), _f(g.get("rel_diff")), _f(g.get("max_rel_diff")))
 
 
 def layer_section(doc: Mapping[str, Any], command: str = "") -> LayerSection:
@@ -155,22 +159,13 @@ def layer_section(doc: Mapping[str, Any], command: str = "") -> LayerSection:
                 sum(1 for m in doc.get("modules", []) if (m.get("rel_diff") or 0) > float(doc["threshold"])),
             )
         ),
-        growth=tuple(GrowthPoint.from_json(dict(g)) for g in doc.get("growth", [])),
+        growth=tuple(_growth(g) for g in doc.get("growth", [])),
         command=command,
     )
 
 
 def scale_section(doc: Mapping[str, Any], command: str = "") -> ScaleSection:
-    rows = tuple(
-        ScaleRow(
-            str(u["module"]),
-            None if u.get("layer") is None else int(u["layer"]),
-            _f(u.get("exponent")),
-            None if u.get("times") is None else int(u["times"]),
-            str(u.get("verdict", "")),
-        )
-        for u in doc["units"]
-    )
+    rows = tuple(ScaleRow.from_json(dict(u)) for u in doc["units"])
     exactly_once = bool(doc.get("exactly_once", bool(rows) and all(r.times == 1 for r in rows)))
     return ScaleSection(
         str(doc["param"]),

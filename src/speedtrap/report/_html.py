@@ -12,25 +12,13 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._io import write_atomic
 from speedtrap.report._layout import slug
 from speedtrap.report._mdhtml import inline, markdown_to_html
 from speedtrap.report._plan import DrawnFigure
-from speedtrap.report._tables import (
-    Table,
-    divergence_table,
-    fmt,
-    judgement_table,
-    missing_table,
-    patches_label,
-    recall_table,
-    reproduce_table,
-    scale_table,
-    stage_table,
-    triage_table,
-    trial_table,
-)
+from speedtrap.report._tables import Table, fmt, patches_label
 
 HTML_NAME = "report.html"
 
@@ -168,7 +156,7 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
         out.append(
             '<h2 id="missing">Missing</h2><div class="missing"><p>This run directory does not hold every part of a '
             "report; what it has is shown below. Each missing part, and the command that produces it:</p>"
-            f"{_table(missing_table(data))}</div>"
+            f"{_table(_tables.missing_table(data))}</div>"
         )
     if data.triage is not None:
         t = data.triage
@@ -180,19 +168,19 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
         warn = "".join(f'<p class="meta">note: {_esc(w)}</p>' for w in t.warnings)
         out.append(
             f'<h2 id="triage">Triage</h2><p class="meta">{_esc(t.source)} &middot; '
-            f"<code>{_esc(t.command or '-')}</code></p>{_table(triage_table(t))}{warn}{plan}"
+            f"<code>{_esc(t.command or '-')}</code></p>{_table(_tables.triage_table(t))}{warn}{plan}"
         )
     if data.recall:
         out.append(
             '<h2 id="probes">Probes: planted-fact recall</h2><p class="meta">Multi-turn chats with facts planted at '
             "a depth of the conversation; greedy answers scored by substring; Wilson 95% intervals.</p>"
-            f"{_table(recall_table(data))}{_figures(figs, 'probes', grid='grid')}"
+            f"{_table(_tables.recall_table(data))}{_figures(figs, 'probes', grid='grid')}"
         )
     if data.divergence:
         out.append(
             '<h2 id="divergence">Probes: divergence by position</h2><p class="meta">Teacher-forced next-token '
             "distributions of the same token sequences, baseline vs patched: prefill (one forward) and decode "
-            f"(token by token through the KV cache).</p>{_table(divergence_table(data.divergence))}"
+            f"(token by token through the KV cache).</p>{_table(_tables.divergence_table(data.divergence))}"
             f"{_figures(figs, 'divergence', grid='grid wide')}"
         )
     if data.isolation is not None:
@@ -202,8 +190,8 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
             f'<h2 id="isolation">Isolation</h2><p>{_esc(iso.message)}</p><p class="meta">rule: {_esc(iso.rule)} '
             f"&middot; searched: {_esc(', '.join(iso.searched) or '-')} &middot; trials run {iso.launches}, "
             f"reused from the store {iso.reused} &middot; <code>{_esc(iso.command or '-')}</code></p>"
-            f"{_figures(figs, 'isolation')}<h3>Trial log</h3>{_table(trial_table(iso), fail_col=3)}"
-            f"<h3>Verdicts per configuration</h3>{_table(judgement_table(iso), fail_col=1)}{notes}"
+            f"{_figures(figs, 'isolation')}<h3>Trial log</h3>{_table(_tables.trial_table(iso), fail_col=3)}"
+            f"<h3>Verdicts per configuration</h3>{_table(_tables.judgement_table(iso), fail_col=1)}{notes}"
         )
     if data.localization:
         parts = ['<h2 id="localization">Localization</h2>']
@@ -214,9 +202,7 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
                 lay = loc.layers
                 parts.append(
                     f"<p>First divergent module: <code>{_esc(lay.first_divergent or 'none')}</code> "
-                    f"(rel_diff {_esc(fmt(lay.first_rel_diff))} &gt; threshold {_esc(fmt(lay.threshold))}); "
-                    f"{lay.modules_over_threshold} of {lay.modules_compared} modules over the threshold, "
-                    f"{lay.tokens} tokens.</p>"
+                    f"{_esc(_tables.layer_words(lay))}</p>"
                 )
             parts.append(_figures(figs, "localization", f"growth-{slug('-'.join(loc.patches))}"))
             if loc.scale is not None:
@@ -227,11 +213,13 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
                     f"{_esc(', '.join(fmt(v) for v in sc.values))}): applied {once}.</p>"
                 )
                 parts.append(_figures(figs, "localization", f"scale-{slug('-'.join(loc.patches))}"))
-                parts.append(f"<details><summary>Exponent per module</summary>{_table(scale_table(sc))}</details>")
+                parts.append(
+                    f"<details><summary>Exponent per module</summary>{_table(_tables.scale_table(sc))}</details>"
+                )
         out.append("".join(parts))
     out.append(
         '<h2 id="reproduce">Reproduce</h2><p class="meta">The exact command behind each figure (each prints JSON '
-        f"with <code>--json</code>).</p>{_table(reproduce_table(data))}"
+        f"with <code>--json</code>).</p>{_table(_tables.reproduce_table(data))}"
     )
     if data.notes:
         out.append('<h2 id="notes">Notes</h2><ul>' + "".join(f"<li>{_esc(n)}</li>" for n in data.notes) + "</ul>")
@@ -255,7 +243,7 @@ def html_page(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
         )
         if on
     )
-    stages = f"<details><summary>Stages</summary>{_table(stage_table(data))}</details>" if run.stages else ""
+    stages = f"<details><summary>Stages</summary>{_table(_tables.stage_table(data))}</details>" if run.stages else ""
     body = "".join(_sections(data, figs))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -5,24 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._io import write_atomic
 from speedtrap.report._layout import slug
 from speedtrap.report._plan import DrawnFigure
-from speedtrap.report._tables import (
-    Table,
-    divergence_table,
-    fmt,
-    judgement_table,
-    missing_table,
-    patches_label,
-    recall_table,
-    reproduce_table,
-    scale_table,
-    stage_table,
-    triage_table,
-    trial_table,
-)
+from speedtrap.report._tables import Table, fmt, patches_label
 
 MD_NAME = "report.md"
 FIGURES_DIR = "figures"
@@ -72,15 +60,15 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
         out.append("\nEvidence:\n")
         out += [f"{n}. {e}" for n, e in enumerate(v.evidence, 1)]
     if run.stages:
-        out.append("\n" + _table(stage_table(data)))
+        out.append("\n" + _table(_tables.stage_table(data)))
     if data.missing:
         out.append("\n## Missing\n")
         out.append("This run directory does not hold every part of a report; what it has is shown below.\n")
-        out.append(_table(missing_table(data)))
+        out.append(_table(_tables.missing_table(data)))
     if data.triage is not None:
         t = data.triage
         out.append(f"\n## Triage\n\n{t.source}: `{t.command or '-'}`\n")
-        out.append(_table(triage_table(t)))
+        out.append(_table(_tables.triage_table(t)))
         out += [f"note: {w}\n" for w in t.warnings]
         if t.plan_markdown:
             plan = "\n".join(
@@ -89,11 +77,11 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
             out.append("<details><summary>Diagnostic plan (from triage)</summary>\n\n" + plan + "\n\n</details>\n")
     if data.recall:
         out.append("\n## Probes: planted-fact recall\n")
-        out.append(_table(recall_table(data)))
+        out.append(_table(_tables.recall_table(data)))
         out.append(_figures(figs, "probes"))
     if data.divergence:
         out.append("\n## Probes: divergence by position\n")
-        out.append(_table(divergence_table(data.divergence)))
+        out.append(_table(_tables.divergence_table(data.divergence)))
         out.append(_figures(figs, "divergence"))
     if data.isolation is not None:
         iso = data.isolation
@@ -103,8 +91,8 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
             f"reused from the store {iso.reused}; `{iso.command or '-'}`\n"
         )
         out.append(_figures(figs, "isolation"))
-        out.append("\n### Trial log\n\n" + _table(trial_table(iso)))
-        out.append("\n### Verdicts per configuration\n\n" + _table(judgement_table(iso)))
+        out.append("\n### Trial log\n\n" + _table(_tables.trial_table(iso)))
+        out.append("\n### Verdicts per configuration\n\n" + _table(_tables.judgement_table(iso)))
         out += [f"note: {n}\n" for n in iso.notes]
     if data.localization:
         out.append("\n## Localization\n")
@@ -113,19 +101,15 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
             name = slug("-".join(loc.patches))
             if loc.layers is not None:
                 lay = loc.layers
-                out.append(
-                    f"First divergent module: `{lay.first_divergent or 'none'}` (rel_diff {fmt(lay.first_rel_diff)} "
-                    f"> threshold {fmt(lay.threshold)}); {lay.modules_over_threshold} of {lay.modules_compared} "
-                    f"modules over the threshold, {lay.tokens} tokens.\n"
-                )
+                out.append(f"First divergent module: `{lay.first_divergent or 'none'}` {_tables.layer_words(lay)}\n")
             out.append(_figures(figs, "localization", f"growth-{name}"))
             if loc.scale is not None:
                 sc = loc.scale
                 once = "exactly once everywhere" if sc.exactly_once else "NOT exactly once everywhere"
                 out.append(f"Scale check of `{sc.param}` (nominal {fmt(sc.nominal)}): applied {once}.\n")
                 out.append(_figures(figs, "localization", f"scale-{name}"))
-                out.append(_table(scale_table(sc)))
-    out.append("\n## Reproduce\n\n" + _table(reproduce_table(data)))
+                out.append(_table(_tables.scale_table(sc)))
+    out.append("\n## Reproduce\n\n" + _table(_tables.reproduce_table(data)))
     if data.notes:
         out.append("\n## Notes\n\n" + "\n".join(f"- {n}" for n in data.notes) + "\n")
     return "\n".join(out) + "\n"

@@ -1,7 +1,9 @@
 """What a report shows, as typed data: every section round-trips through JSON (``to_json`` / ``from_json``).
 
-The model holds the report's own view of each stage's results (not the stages' classes), so a
-report renders from JSON files alone, whatever version of a stage wrote them. The JSON form is the
+Where the report shows less than a stage records (an interaction, a trial, a scale unit), the model
+holds the report's own smaller view, read leniently, so a report renders from JSON files alone,
+whatever version of a stage wrote them; where both are the same shape (a culprit set, a layer's
+growth) it holds the one class both use, from :mod:`speedtrap._shapes`. The JSON form is the
 published ``report.json`` (schema: ``schemas/report.schema.json``).
 """
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from speedtrap._shapes import CulpritSet
 
 SCHEMA_VERSION = 1
 KIND = "speedtrap-report"
@@ -33,20 +37,6 @@ def _strs(values: Any) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Culprit:
-    patches: tuple[str, ...]
-    confirmed: bool
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"patches": list(self.patches), "confirmed": self.confirmed, "note": self.note}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Culprit:
-        return cls(_strs(d["patches"]), bool(d.get("confirmed", False)), str(d.get("note", "")))
-
-
-@dataclass(frozen=True)
 class InteractionNote:
     kind: str  # joint | cancel | masked
     patches: tuple[str, ...]
@@ -66,7 +56,7 @@ class Verdict:
 
     status: str  # culprit | no_regression | baseline_fails | inconclusive | unknown
     headline: str
-    culprits: tuple[Culprit, ...] = ()
+    culprits: tuple[CulpritSet, ...] = ()
     interactions: tuple[InteractionNote, ...] = ()
     evidence: tuple[str, ...] = ()  # one sentence per stage, in pipeline order
 
@@ -84,7 +74,7 @@ class Verdict:
         return cls(
             str(d["status"]),
             str(d["headline"]),
-            tuple(Culprit.from_json(c) for c in d.get("culprits", [])),
+            tuple(CulpritSet.from_json(c) for c in d.get("culprits", [])),
             tuple(InteractionNote.from_json(i) for i in d.get("interactions", [])),
             _strs(d.get("evidence")),
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedtrap.report._model import Culprit, InteractionNote, _f, _strs
+from speedtrap._shapes import CulpritSet, LayerGrowth
+from speedtrap.report._model import InteractionNote, _f, _strs
 
 # -- isolation ----------------------------------------------------------------------------------
 
@@ -78,7 +79,7 @@ class IsolationSection:
     rule: str  # the verdict rule in words: "fail when worst.kl_p99 > 1"
     metric: str  # the figure the rule reads (for the trial log's column)
     bound: float | None
-    culprits: tuple[Culprit, ...]
+    culprits: tuple[CulpritSet, ...]
     interactions: tuple[InteractionNote, ...]
     trials: tuple[TrialRow, ...]
     judgements: tuple[JudgementRow, ...] = ()
@@ -114,7 +115,7 @@ class IsolationSection:
             str(d.get("rule", "")),
             str(d.get("metric", "")),
             _f(d.get("bound")),
-            tuple(Culprit.from_json(c) for c in d.get("culprits", [])),
+            tuple(CulpritSet.from_json(c) for c in d.get("culprits", [])),
             tuple(InteractionNote.from_json(i) for i in d.get("interactions", [])),
             tuple(TrialRow.from_json(t) for t in d.get("trials", [])),
             tuple(JudgementRow.from_json(j) for j in d.get("judgements", [])),
@@ -129,28 +130,6 @@ class IsolationSection:
 
 
 @dataclass(frozen=True)
-class GrowthPoint:
-    """The error after one layer: its block output's rel_diff (and the largest inside the block)."""
-
-    layer: int
-    module: str
-    rel_diff: float | None
-    max_rel_diff: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "module": self.module,
-            "rel_diff": self.rel_diff,
-            "max_rel_diff": self.max_rel_diff,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GrowthPoint:
-        return cls(int(d["layer"]), str(d.get("module", "")), _f(d.get("rel_diff")), _f(d.get("max_rel_diff")))
-
-
-@dataclass(frozen=True)
 class LayerSection:
     """Where the patched run first departs from the baseline, and how the error grows layer by layer."""
 
@@ -161,7 +140,7 @@ class LayerSection:
     tokens: int
     modules_compared: int
     modules_over_threshold: int
-    growth: tuple[GrowthPoint, ...]
+    growth: tuple[LayerGrowth, ...]
     command: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -188,7 +167,7 @@ class LayerSection:
             int(d.get("tokens", 0)),
             int(d.get("modules_compared", 0)),
             int(d.get("modules_over_threshold", 0)),
-            tuple(GrowthPoint.from_json(g) for g in d.get("growth", [])),
+            tuple(LayerGrowth.from_json(g) for g in d.get("growth", [])),
             str(d.get("command", "")),
         )
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from speedtrap.report._data import ReportData
 from speedtrap.report._model import DivergenceRun, TriageSection
-from speedtrap.report._stages import IsolationSection, ScaleSection
+from speedtrap.report._stages import IsolationSection, LayerSection, ScaleSection
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,15 @@ def pct(value: float | None) -> str:
 
 def patches_label(patches: Sequence[str]) -> str:
     return " + ".join(patches) if patches else "(no patch)"
+
+
+def layer_words(layers: LayerSection) -> str:
+    """The layer diff in words, said after its first divergent module (the same in HTML and Markdown)."""
+    return (
+        f"(rel_diff {fmt(layers.first_rel_diff)} > threshold {fmt(layers.threshold)}); "
+        f"{layers.modules_over_threshold} of {layers.modules_compared} modules over the threshold, "
+        f"{layers.tokens} tokens."
+    )
 
 
 def triage_table(section: TriageSection) -> Table:

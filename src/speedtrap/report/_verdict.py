@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from speedtrap.report._model import Culprit, DivergenceRun, InteractionNote, RecallRun, TriageSection, Verdict
+from speedtrap._shapes import CulpritSet
+from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, TriageSection, Verdict
 from speedtrap.report._stages import IsolationSection, Localization
 from speedtrap.report._tables import fmt, patches_label
 
@@ -13,7 +14,7 @@ def _code(patches: Sequence[str]) -> str:
     return " + ".join(f"`{p}`" for p in patches) if patches else "no patch"
 
 
-def _headline(iso: IsolationSection | None, culprits: Sequence[Culprit]) -> tuple[str, str]:
+def _headline(iso: IsolationSection | None, culprits: Sequence[CulpritSet]) -> tuple[str, str]:
     if iso is None:
         return "unknown", "No isolation result: the culprit is not known yet (see Missing)."
     if iso.status == "found" and culprits:
