@@ -13,24 +13,9 @@ from pathlib import Path
 
 import pytest
 from _report_browser import Install, ensure_chromium
+from _report_run import small_settings
 
 from speedtrap.targets._base import InProcessModel
-
-CULPRIT = "hash_topk_routed_scaling"
-RUN_PATCHES = (CULPRIT, "fused_rmsnorm", "moe_fused_experts")
-
-
-def small_settings() -> object:
-    from speedtrap.pipeline import PipelineSettings
-
-    return PipelineSettings(
-        quick=True,
-        recall={"lengths": (160,), "depths": (0.5,), "samples": 2},
-        divergence={"lengths": (96,), "sequences": 1, "decode_tokens": 8, "bucket_size": 32},
-        patches=RUN_PATCHES,
-        localize_tokens=24,
-        scale_values=(1.25, 2.5, 5.0),
-    )
 
 
 @pytest.fixture(scope="session")
@@ -65,4 +50,4 @@ def chromium() -> str:
     return install.path
 
 
-__all__ = ["CULPRIT", "RUN_PATCHES", "Install", "small_settings"]
+__all__ = ["Install", "small_settings"]

@@ -8,9 +8,8 @@ import shutil
 from pathlib import Path
 
 from _report_browser import check_page, screenshot
+from _report_run import CULPRIT
 from PIL import Image, ImageStat
-
-from conftest import CULPRIT
 
 
 def test_the_page_renders_in_chromium_with_every_image_and_no_script_error(

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import CULPRIT
+from _report_run import CULPRIT
+
 from speedtrap.report import schema_errors
 
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _report_run import CULPRIT, RUN_PATCHES
 from PIL import Image
 
-from conftest import CULPRIT, RUN_PATCHES
 from speedtrap.report import ReportData
 
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _report_run import CULPRIT
 
-from conftest import CULPRIT
 from speedtrap._errors import UsageError
 from speedtrap.report import load_report_data, render_run, schema_errors
 

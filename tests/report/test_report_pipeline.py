@@ -6,7 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import CULPRIT, small_settings
+from _report_run import CULPRIT, small_settings
+
 from speedtrap.pipeline import run_pipeline
 from speedtrap.report import Source
 from speedtrap.targets._base import InProcessModel
