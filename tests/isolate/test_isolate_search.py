@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speedtrap.isolate import InteractionKind, Relations, Status, Verdict, minimal_transversals
+from speedtrap.isolate import InteractionKind, Relations, Search, Status, Verdict, minimal_transversals
 
 Simulate = Callable[..., tuple[Any, int]]
 
@@ -145,6 +145,57 @@ def test_more_capacity_gives_the_same_verdict_in_fewer_rounds(simulate: Simulate
         one, _ = simulate(names, broken, capacity=1)
         four, _ = simulate(names, broken, capacity=4)
         assert {c.patches for c in one.culprits} == {c.patches for c in four.culprits} == {(b,) for b in bad}
+
+
+class RoundCounter:
+    """An executor of ``capacity`` slots that runs each batch here and counts the batches (rounds)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.rounds = capacity, 0
+
+    def run(self, requests: Any, oracle: Any, retries: int) -> Any:
+        from speedtrap.isolate import run_trial
+
+        self.rounds += bool(requests)
+        for r in requests:
+            yield r, run_trial(oracle, r, retries)
+
+    def close(self) -> None:
+        pass
+
+
+def _rounds(names: list[str], broken: Callable[[frozenset[str]], bool], capacity: int) -> tuple[Any, int, int]:
+    from speedtrap.isolate import Evaluator, FunctionOracle, ThresholdRule, TrialStore
+
+    store = TrialStore(None)
+    run_id, _ = store.begin_run({}, {}, False)
+    counter = RoundCounter(capacity)
+    fn = FunctionOracle(lambda c, r: {"metric": float(broken(frozenset(c)))}, {"sim": 1})
+    evaluator = Evaluator(fn, ThresholdRule("metric", 0.5, "above", 0.0), store, run_id, 0, 0, counter)
+    result = Search(names, evaluator, capacity=capacity).run()
+    store.close()
+    return result, evaluator.launches, counter.rounds
+
+
+def test_spare_slots_cut_rounds_and_keep_the_verdict(simulate: Simulate) -> None:
+    names = [f"p{i:02d}" for i in range(16)]
+    rng = random.Random(5)
+    for _ in range(8):
+        a, b, x, y = rng.sample(names, 4)  # two culprits alone, and x + y only together
+
+        def broken(s: frozenset[str], a: str = a, b: str = b, x: str = x, y: str = y) -> bool:
+            return a in s or b in s or {x, y} <= s
+
+        truth = {(a,), (b,), tuple(sorted((x, y)))}
+        one, one_launches, one_rounds = _rounds(names, broken, 1)
+        four, _, four_rounds = _rounds(names, broken, 4)
+        wide, _, wide_rounds = _rounds(names, broken, len(names) + 2)
+        for result in (one, four, wide):
+            assert set(result.culprit_names) == truth
+            assert [i.kind for i in result.interactions] == [InteractionKind.JOINT]
+        assert one_rounds == one_launches  # one slot: one trial a round, exactly the plain search
+        assert simulate(names, broken)[1] == one_launches
+        assert four_rounds < one_rounds and wide_rounds <= 8 < one_rounds
 
 
 def test_requires_and_conflicts_are_applied_by_the_gate(simulate: Simulate) -> None:

@@ -22,6 +22,7 @@ above 1 the bisection tests several split points per round; with capacity 1 it t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -133,7 +134,8 @@ class Search:
         order = self.order
         if not order:
             return self._stop(Status.FULL_PASSES, "no patch can be switched: nothing to search")
-        base = self.consider_ahead([()], [order])[0]
+        # With spare slots: the full set, then single patches (likely suspects first) in the same round.
+        base = self.consider_ahead([()], [order, *([p] for p in order)])[0]
         if base.verdict is not Verdict.PASS:
             if base.verdict is Verdict.FAIL:
                 return self._stop(Status.BASELINE_FAILS, "the baseline (no patch on) already fails: no patch to blame")
@@ -170,7 +172,11 @@ class Search:
                     # Follow clean fails; only a context that is itself inconclusive is searched for
                     # the inconclusive patches in it (reported unconfirmed).
                     wanted = _fails if verdict is Verdict.FAIL else _bad
-                    found_set = self._minimal([], ctx, wanted, infer=True, then=lambda m: self._next_round(found, m))
+                    # A patch of the context already measured to fail alone is a minimal set: no bisection.
+                    found_set = self._failing_single(ctx, found) if wanted is _fails else None
+                    if found_set is None:
+                        then = functools.partial(self._next_round, found)
+                        found_set = self._minimal([], ctx, wanted, infer=True, then=then)
                     if found_set is None:
                         continue
                     m = self.canonical(found_set)
@@ -187,6 +193,13 @@ class Search:
             self._found = len(found)
         self.notes.append("stopped after the round limit: there may be more culprit sets")
         return found
+
+    def _failing_single(self, ctx: list[str], found: list[Config]) -> list[str] | None:
+        for p in ctx:
+            j = self.memo.get(self.canonical([p]))
+            if j is not None and j.verdict is Verdict.FAIL and j.config not in found:
+                return [p]
+        return None
 
     def _next_round(self, found: list[Config], m: Iterable[str]) -> list[list[str]]:
         """What discovery tests first once ``m`` joins ``found``: the next context and its split points."""
