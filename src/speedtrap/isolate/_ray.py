@@ -242,6 +242,12 @@ class RayExecutor:
         self._locate(new)
         self._slots.extend(new)
 
+    def start(self, oracle: Oracle) -> float:
+        """Start every worker for ``oracle`` now (else the first batch does); returns the seconds it took."""
+        t0 = time.perf_counter()
+        self._ensure_slots(oracle, self.capacity)
+        return time.perf_counter() - t0
+
     def _dead_errors(self) -> tuple[type[BaseException], ...]:
         exc = self._ray.exceptions
         return (exc.RayActorError, exc.WorkerCrashedError, exc.NodeDiedError, exc.ObjectLostError)
