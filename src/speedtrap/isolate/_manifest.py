@@ -79,6 +79,7 @@ __all__ = [
     "check_relations",
     "load_isolate_manifest",
     "parse_manifest",
+    "parse_patches",
 ]
 
 _TARGET_KEYS = {
@@ -133,7 +134,7 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     tables isolate reads, an unknown key is an error (a typo must not silently change a search).
     """
     target = _target(table(data, "target", required=True), base)
-    patches = _patches(data.get("patches"), base, required=not target.in_process)
+    patches = parse_patches(data.get("patches"), base, required=not target.in_process)
     probe = _probe(table(data, "probe"), target)
     verdict = _verdict(table(data, "verdict"), probe)
     search = table(data, "search")
@@ -213,7 +214,8 @@ def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
     )
 
 
-def _patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]:
+def parse_patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]:
+    """The ``[[patches]]`` tables (triage reads them through here too); diff paths relative to ``base``."""
     if raw is None:
         if required:
             raise ManifestError("manifest has no [[patches]] tables", "add one [[patches]] table per patch")

@@ -1,6 +1,7 @@
 """The patches of a ``speedtrap.toml`` manifest, as triage reads them.
 
-Small on purpose, so it can be swapped for the shared manifest reader::
+The ``[[patches]]`` tables are read by isolate's parser (one set of checks); triage keeps only
+what it needs of each patch, and the optional ``tree``::
 
     tree = "../sglang/python"          # optional: the source tree the diffs apply to
 
@@ -71,56 +72,21 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-def _str_table(value: Any, where: str) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ManifestError(f'{where} must be a table of NAME = "value"', 'write e.g. env = { VAR = "1" }')
-    out = []
-    for k, v in value.items():
-        if not isinstance(v, (str, int, float, bool)):
-            raise ManifestError(f"{where}.{k} must be a string", "quote the value")
-        out.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
-    return tuple(out)
-
-
 def load_manifest(path: Path) -> Manifest:
-    """Read and check a manifest; every problem is a :class:`ManifestError` naming the field."""
+    """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
+    from speedtrap.isolate._manifest import parse_patches
+
     path = Path(path)
     data = read_manifest_toml(path)
-    raw = data.get("patches")
-    if not isinstance(raw, list) or not raw:
+    if data.get("patches") is None:
         raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
-    base = path.parent
-    patches: list[ManifestPatch] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(raw):
-        where = f"patches[{i}]"
-        if not isinstance(entry, dict):
-            raise ManifestError(f"{where} must be a table", "write [[patches]] tables")
-        name = entry.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ManifestError(f"{where}.name is missing or not a string", "give every patch a name")
-        if name in seen:
-            raise ManifestError(f"{where}.name {name!r} is used twice", "give every patch its own name")
-        seen.add(name)
-        env = _str_table(entry.get("env", {}), f"{where}.env")
-        config = _str_table(entry.get("config", {}), f"{where}.config")
-        args = entry.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ManifestError(f"{where}.args must be a list of strings", 'write e.g. args = ["--enable-foo"]')
-        gate_word = entry.get("gate")
-        if gate_word not in (None, UNGATED):
-            raise ManifestError(f'{where}.gate must be "ungated" when given', 'drop it, or set gate = "ungated"')
-        if gate_word == UNGATED and (env or args or config):
-            raise ManifestError(f"{where} is marked ungated but has env/args/config", "drop gate or the switches")
-        kind = ENV if env else FLAG if args else CONFIG if config else UNGATED
-        diff = entry.get("diff")
-        if diff is not None and not isinstance(diff, str):
-            raise ManifestError(f"{where}.diff must be a path string", 'write diff = "patches/x.diff"')
-        summary = entry.get("summary", "")
-        patches.append(
-            ManifestPatch(name, GateSpec(kind, env, tuple(args), config), (base / diff) if diff else None, str(summary))
-        )
+    specs = parse_patches(data.get("patches"), path.parent, required=True)
+    patches = tuple(
+        ManifestPatch(p.name, GateSpec(p.gate if p.gate != "in-process" else UNGATED, p.env, p.args, p.config),
+                      p.diff, p.summary)
+        for p in specs
+    )  # fmt: skip
     tree = data.get("tree")
     if tree is not None and not isinstance(tree, str):
         raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
-    return Manifest(path, tuple(patches), (base / tree) if tree else None)
+    return Manifest(path, patches, (path.parent / tree) if tree else None)
