@@ -265,3 +265,29 @@ def test_a_node_lost_mid_trial_moves_the_trial_to_the_other_node(cluster: Any, t
     assert trial.status == "ok" and trial.attempts == 2
     (dead, new), *_ = moves
     assert dead and new and dead != new
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_while_every_slot_is_busy_fails_over_without_hanging(cluster: Any, tmp_path: Path) -> None:
+    """Both nodes hold a worker; the replacement must take the dead worker's room, not wait for the other's."""
+    fn = _kills_its_worker(tmp_path, ("p0", "p1", "p2", "p3", "p4", "p5"), every_time=False)  # the full set
+    local, _ = run_simulated(lambda c, r: {"metric": float(broken(frozenset(c)))}, None, None)
+    with RayExecutor() as executor:
+        assert executor.capacity == 2
+        remote, remote_eval = run_simulated(fn, tmp_path / "run", executor)
+        assert executor.failovers == 1
+    assert (tmp_path / "killed").exists()
+    assert remote.culprit_names == local.culprit_names == CULPRITS
+    (full,) = [t for t in remote_eval.trials if t.config == tuple(PATCHES)]
+    assert full.status == "ok" and full.attempts == 2
+
+
+def test_a_request_the_cluster_cannot_hold_is_one_clear_error(cluster: Any) -> None:
+    from speedtrap._errors import UsageError
+
+    with pytest.raises(UsageError, match=r"holds 2 trial\(s\) of \{CPU 1\} at once, not 3 workers"):
+        RayExecutor(workers=3)
+    with pytest.raises(UsageError, match=r"holds 0 trial\(s\) of \{CPU 1, GPU 1\}"):
+        RayExecutor(resources=TrialResources(num_gpus=1))
+    with pytest.raises(UsageError, match=r"search\.resources\.CPU is set by num_cpus"):
+        TrialResources.from_table({"CPU": 1})

@@ -55,6 +55,13 @@ class Evaluator:
         return self.judge_many(configs)
 
     def judge_many(self, configs: Sequence[Config]) -> list[Judgement]:
+        if self.baseline is None and () in configs and len(configs) > 1 and self.rule.needs_baseline:
+            # A rule that compares with the baseline needs its figures before it can call the others.
+            base = self.judge_many([()])[0]
+            rest = dict(
+                zip([c for c in configs if c != ()], self.judge_many([c for c in configs if c != ()]), strict=True)
+            )
+            return [base if c == () else rest[c] for c in configs]
         runs: dict[Config, list[Trial]] = {c: [] for c in configs}
         for repeat in range(self.repeats + 1):
             need = [c for c in configs if repeat == 0 or self._wants_repeat(c, runs[c])]

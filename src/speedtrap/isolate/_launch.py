@@ -23,6 +23,9 @@ import httpx
 from speedtrap._errors import ServerError
 
 _POLL_S = 0.2
+# Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
+# close while its trial still runs). Not rebound; entries leave when a server stops.
+_LIVE: set[Server] = set()
 
 
 class CommandNotFound(ServerError):
@@ -89,6 +92,7 @@ class Server:
 
     def stop(self) -> int | None:
         """SIGTERM to the process group, then SIGKILL after ``stop_timeout``; returns the exit code."""
+        _LIVE.discard(self)
         if self.proc.poll() is None:
             _signal_group(self.proc, signal.SIGTERM)
             try:
@@ -143,7 +147,15 @@ def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
             raise CommandNotFound(
                 f"target.launch: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"
             ) from None
-    return Server(proc, spec, log_path, port)
+    server = Server(proc, spec, log_path, port)
+    _LIVE.add(server)
+    return server
+
+
+def stop_all() -> None:
+    """Stop every server this process started that is still running."""
+    for server in list(_LIVE):
+        server.stop()
 
 
 def wait_healthy(server: Server) -> float:

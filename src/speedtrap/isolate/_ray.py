@@ -34,6 +34,8 @@ from speedtrap.isolate._executor import Oracle, OracleRecipe, TrialOutcome, Tria
 
 # What a worker sends back beside the record: files under this size (server logs, probe reports).
 _MAX_FILE_BYTES = 8 << 20
+_LOCATE_S = 120.0  # how long to wait for a new worker to report its node
+_CLOSE_S = 60.0  # how long workers get to stop their servers before they are killed
 # Environment variables a worker gets from the driver (never the whole environment: secrets stay here).
 FORWARDED_ENV = ("SPEEDTRAP_CACHE_DIR", "HF_HOME", "TRANSFORMERS_OFFLINE")
 
@@ -53,6 +55,11 @@ class TrialResources:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise UsageError(f"{where}.{key} = {value!r} is not a non-negative number", f"write {key} = 1")
             values[str(key)] = float(value)
+        for reserved in ("CPU", "GPU"):
+            if reserved in values:
+                raise UsageError(
+                    f"{where}.{reserved} is set by num_{reserved.lower()}s", f"write num_{reserved.lower()}s = 1"
+                )
         cpus = values.pop("num_cpus", 1.0)
         gpus = values.pop("num_gpus", 0.0)
         return cls(cpus, gpus, values)
@@ -60,10 +67,15 @@ class TrialResources:
     def as_dict(self) -> dict[str, float]:
         return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.custom}
 
-    def slots(self, cluster: Mapping[str, float]) -> int:
-        """How many trials fit on the cluster at once (at least 1: Ray queues what does not fit)."""
-        fits = [int(cluster.get(name, 0.0) // need) for name, need in self.as_dict().items() if need > 0]
-        return max(1, min(fits)) if fits else 1
+    def slots(self, nodes: Sequence[Mapping[str, float]]) -> int:
+        """How many trials fit at once on nodes with these total resources (each trial on one node)."""
+        need = {name: amount for name, amount in self.as_dict().items() if amount > 0}
+        if not need:
+            return len(nodes)
+        return sum(min(int(have.get(name, 0.0) // amount) for name, amount in need.items()) for have in nodes)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v:g}" for k, v in self.as_dict().items() if v > 0) or "nothing"
 
 
 class _Worker:
@@ -90,9 +102,14 @@ class _Worker:
         return outcome, _trial_files(request)
 
     def close(self) -> None:
+        """Stop the oracle and every server this worker started (also while a trial is running)."""
+        from speedtrap.isolate._launch import stop_all
+
         if self.oracle is not None:
-            self.oracle.close()
+            with contextlib.suppress(Exception):
+                self.oracle.close()
             self.oracle = None
+        stop_all()
 
 
 def _rebuild(recipe: bytes) -> Oracle:
@@ -172,7 +189,7 @@ class RayExecutor:
             kwargs.update(init_kwargs or {})
             try:
                 ray.init(address=address, **kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
+            except Exception as exc:  # Ray raises many kinds here; all mean "no cluster"
                 where = f"at {address}" if address else "(a local one)"
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise UsageError(
@@ -182,10 +199,19 @@ class RayExecutor:
             self._started_here = True
         if workers is not None and workers < 1:
             raise UsageError(f"--workers {workers} must be at least 1", "pass --workers 1 or more")
-        self.capacity = workers or self.resources.slots(ray.cluster_resources())
+        nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+        fits = self.resources.slots(nodes)
+        if fits < 1 or (workers is not None and workers > fits):
+            self.close()
+            asked = f"{workers} workers" if workers is not None else "one worker"
+            raise UsageError(
+                f"the Ray cluster holds {fits} trial(s) of {{{self.resources.describe()}}} at once, not {asked}",
+                "lower --workers or [search] resources, or add nodes",
+            )
+        self.capacity = workers or fits
         self._slots: list[_Slot] = []
         self._recipe = b""  # the oracle's recipe, pickled once per oracle
-        self._oracle_id: int | None = None
+        self._oracle: Oracle | None = None  # kept, so that the identity check below cannot be fooled
         self.failovers = 0  # trials moved to a fresh worker after theirs died
         self.moves: list[tuple[str, str]] = []  # (node of the dead worker, node of its replacement)
 
@@ -206,10 +232,13 @@ class RayExecutor:
             if other is not None:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(other, soft=True)
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    other, soft=True, _spill_on_unavailable=True
+                )
         env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         env.setdefault("OMP_NUM_THREADS", str(max(1, int(self.resources.num_cpus))))
-        actor = ray.remote(_Worker).options(**options).remote(self._recipe, env)
+        # Two threads: close() must reach a worker whose trial is still running (to stop its servers).
+        actor = ray.remote(_Worker).options(max_concurrency=2, **options).remote(self._recipe, env)
         return _Slot(actor)
 
     def _other_node(self, avoid: str) -> str | None:
@@ -225,19 +254,25 @@ class RayExecutor:
     def _locate(self, slots: Sequence[_Slot]) -> None:
         refs = [s.actor.where.remote() for s in slots if not s.node]
         todo = [s for s in slots if not s.node]
+        unknown: tuple[type[BaseException], ...] = (*self._dead_errors(), self._ray.exceptions.GetTimeoutError)
         for slot, ref in zip(todo, refs, strict=True):
-            try:
-                slot.node, slot.pid = self._ray.get(ref)
-            except self._dead_errors():
-                pass  # it died already: the trial it gets fails over
+            # Dead already (its trial fails over) or still waiting for room: where it runs stays unknown.
+            with contextlib.suppress(*unknown):
+                slot.node, slot.pid = self._ray.get(ref, timeout=_LOCATE_S)
 
     def _ensure_slots(self, oracle: Oracle, wanted: int) -> None:
-        if self._oracle_id != id(oracle):
+        if self._oracle is not oracle:
             self._stop_slots()
             from ray import cloudpickle
 
-            self._recipe = cloudpickle.dumps(oracle_recipe(oracle))
-            self._oracle_id = id(oracle)
+            try:
+                self._recipe = cloudpickle.dumps(oracle_recipe(oracle))
+            except Exception as exc:  # whatever pickling raises
+                raise UsageError(
+                    f"{type(oracle).__name__} cannot be sent to Ray workers: {type(exc).__name__}: {exc}",
+                    "use the local executor",
+                ) from None
+            self._oracle = oracle
         new = [self._new_slot() for _ in range(max(0, wanted - len(self._slots)))]
         self._locate(new)
         self._slots.extend(new)
@@ -250,7 +285,10 @@ class RayExecutor:
 
     def _dead_errors(self) -> tuple[type[BaseException], ...]:
         exc = self._ray.exceptions
-        return (exc.RayActorError, exc.WorkerCrashedError, exc.NodeDiedError, exc.ObjectLostError)
+        return (
+            exc.RayActorError, exc.WorkerCrashedError, exc.NodeDiedError, exc.ObjectLostError, exc.OutOfMemoryError,
+            exc.LocalRayletDiedError,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
 
@@ -285,6 +323,12 @@ class RayExecutor:
                 continue
             except ray.exceptions.RayTaskError as exc:
                 _reraise(exc)
+            except ray.exceptions.RayError as exc:
+                first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+                raise UsageError(
+                    f"Ray could not run trial {request.label}: {type(exc).__name__}: {first[:300]}",
+                    "check the cluster (ray status) and [search] resources",
+                ) from None
             idle.append(slot)
             _keep_files(request, files)
             if request.label in deaths:
@@ -303,14 +347,15 @@ class RayExecutor:
         closing = [s.actor.close.remote() for s in self._slots]
         if closing:
             with contextlib.suppress(Exception):  # a dead worker has nothing left to close
-                ray.get(closing, timeout=60)
+                ray.get(closing, timeout=_CLOSE_S)
         for slot in self._slots:
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor)
         self._slots = []
 
     def close(self) -> None:
-        self._stop_slots()
+        if getattr(self, "_slots", None):
+            self._stop_slots()
         if self._started_here:
             self._ray.shutdown()
             self._started_here = False

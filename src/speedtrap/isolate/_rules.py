@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from speedtrap._errors import ProbeError
 from speedtrap._stats import wilson
@@ -26,6 +26,8 @@ _Z95 = 1.959963984540054
 
 
 class Rule(Protocol):
+    needs_baseline: ClassVar[bool]  # whether judge() compares with the baseline's figures
+
     def pool(self, trials: Sequence[Figures]) -> dict[str, float]: ...
 
     def judge(self, pooled: Figures, baseline: Figures | None) -> Outcome: ...
@@ -44,6 +46,7 @@ def _figure(figures: Figures, name: str) -> float:
 
 @dataclass(frozen=True)
 class ThresholdRule:
+    needs_baseline: ClassVar[bool] = False
     metric: str
     bound: float
     direction: str = "above"  # "above": fails when the figure is above the bound
@@ -88,6 +91,7 @@ class ThresholdRule:
 class RecallDropRule:
     """Recall below the baseline's, with non-overlapping Wilson intervals (plus an optional margin)."""
 
+    needs_baseline: ClassVar[bool] = True
     margin: float = 0.0
 
     def pool(self, trials: Sequence[Figures]) -> dict[str, float]:

@@ -141,6 +141,7 @@ def _isolate(
         conflicts=_symmetric({p.name: p.conflicts for p in patches}),
     )
     rule = rule_from_spec(manifest.verdict)
+    failovers_before = getattr(executor, "failovers", 0)
     store = TrialStore(run_dir)
     try:
         identity = {
@@ -180,7 +181,7 @@ def _isolate(
         notes = list(result.notes)
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
-        failovers = getattr(executor, "failovers", 0)
+        failovers = getattr(executor, "failovers", 0) - failovers_before
         if failovers:
             notes.append(f"{failovers} trial(s) ran again on a fresh worker after theirs died mid-trial")
         refs = getattr(oracle, "reference_launches", 0)
