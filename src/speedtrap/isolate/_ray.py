@@ -20,6 +20,7 @@ the worker sends them back with the record, and the driver writes those it does 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -166,7 +167,6 @@ class RayExecutor:
         address: str | None = None,
         workers: int | None = None,
         resources: TrialResources | None = None,
-        init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         try:
             import ray
@@ -186,7 +186,6 @@ class RayExecutor:
                 "logging_level": logging.WARNING,
                 "include_dashboard": False,
             }
-            kwargs.update(init_kwargs or {})
             try:
                 ray.init(address=address, **kwargs)
             except Exception as exc:  # Ray raises many kinds here; all mean "no cluster"
@@ -414,9 +413,4 @@ def _failed(request: TrialRequest, why: list[str], started: float) -> TrialOutco
 
 def _after_failover(outcome: TrialOutcome, why: list[str]) -> TrialOutcome:
     """A trial that ran on a second worker: its attempts count the lost one."""
-    if outcome.error is not None and len(why) > 1:
-        return outcome
-    return TrialOutcome(
-        outcome.measurement, outcome.error, outcome.log_path, outcome.attempts + len(why), outcome.started,
-        outcome.finished,
-    )  # fmt: skip
+    return dataclasses.replace(outcome, attempts=outcome.attempts + len(why))
