@@ -36,6 +36,7 @@ class GateKind(enum.StrEnum):
     FLAG = "flag"  # a launch argument switches it on
     CONFIG = "config"  # a model-config key selects it: config-conditional, harder to A/B
     UNGATED = "ungated"  # compiled in: cannot be switched off without a rebuild
+    IN_PROCESS = "in-process"  # applied by name to an in-process model (a user's module:function patch)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Gate:
     def describe(self) -> str:
         if self.kind is GateKind.UNGATED:
             return "ungated"
+        if self.kind is GateKind.IN_PROCESS:
+            return "in-process"
         return f"{self.kind.value}:{self.key}={self.value}"
 
     def is_on(self, environ: Mapping[str, str], config: Mapping[str, Any] | None = None) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
@@ -54,11 +55,13 @@ class RichStages:
 
 def _bar() -> Progress:
     return Progress(
-        TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=9)),
+        TextColumn("{task.description}", markup=False, table_column=Column(no_wrap=True, min_width=9)),
         BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}", style="dim", table_column=Column(no_wrap=True, overflow="ellipsis")),
+        TextColumn(
+            "{task.fields[note]}", markup=False, style="dim", table_column=Column(no_wrap=True, overflow="ellipsis")
+        ),
         console=err_console,
         transient=False,
     )
@@ -79,7 +82,7 @@ def _finish(result: Any, json: bool) -> None:
         )
     if result.errors:
         for line in result.errors:
-            err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
         raise fail(f"{len(result.errors)} stage(s) failed; the report shows what finished", 2)
 
 
@@ -91,12 +94,11 @@ def _command_line() -> str:
 @user_errors
 def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False) -> None:
     """The whole hunt on smol-moe and its eight patches: triage, probes, isolation, localization, report."""
-    from speedtrap.pipeline import run_pipeline
-    from speedtrap.pipeline._settings import demo_settings
+    from speedtrap.pipeline import demo_settings, run_pipeline
     from speedtrap.report import Source
 
     run_dir = out or DEMO_DIR
-    err_console.print(f"run directory: {run_dir}", highlight=False)
+    err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     with _bar() as bar:
         result = run_pipeline(
             run_dir,
@@ -111,25 +113,61 @@ def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False)
 @app.command("run")
 @user_errors
 def run_cmd(
-    manifest: Annotated[Path, typer.Option("--manifest", "-m", help="A speedtrap.toml describing the stack.")],
+    manifest: Annotated[
+        Path | None, typer.Option("--manifest", "-m", help="A speedtrap.toml describing the stack.")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="An in-process target: smol-moe or hf:<type|dir|gguf>.")
+    ] = None,
+    patches: Annotated[
+        str | None,
+        typer.Option("--patches", "-p", help="In-process: the patches to search, catalogue names or module:function."),
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="In-process config override key=value.")] = None,
+    symbol: Annotated[
+        str, typer.Option("--symbol", help="The factor triage traces and the scale check measures.")
+    ] = "routed_scaling_factor",
     quick: Annotated[bool, typer.Option("--quick", help="The probes' quick presets (CI-sized grids).")] = False,
     out: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """The whole hunt on any stack described by a manifest (servers launched per configuration)."""
+    """The whole hunt on any stack: a manifest (servers launched per configuration) or an in-process
+    target with your own patches (``--target hf:deepseek_v4 --patches mypkg.patches:a,mypkg.patches:b``)."""
+    from speedtrap.patching import parse_patch_list
     from speedtrap.pipeline import PipelineSettings, run_pipeline
     from speedtrap.report import Source
+    from speedtrap.serve import parse_overrides
+    from speedtrap.targets import resolve_target, user_patches
 
-    if not manifest.is_file():
-        raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
-    run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
-    err_console.print(f"run directory: {run_dir}", highlight=False)
-    with _bar() as bar:
-        result = run_pipeline(
-            run_dir,
-            Source(manifest=str(manifest.resolve()), symbol=None, quick=quick),
-            PipelineSettings(quick=quick, localize=False),
-            command=_command_line(),
-            progress=RichStages(bar),
+    if (manifest is None) == (target is None):
+        raise UsageError(
+            "speedtrap run needs exactly one of --manifest and --target", "pass --manifest F or --target T"
         )
+    if manifest is not None:
+        if patches or set_:
+            raise UsageError("--patches/--set are for in-process targets", "list a manifest's patches in the manifest")
+        if not manifest.is_file():
+            raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
+        source = Source(manifest=str(manifest.resolve()), symbol=None, quick=quick)
+        settings = PipelineSettings(quick=quick, localize=False)
+        run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
+    else:
+        name = str(target)
+        resolve_target(name)  # an unknown target fails here, before any progress bar
+        names = tuple(parse_patch_list(patches))
+        user_patches(names)  # so does a bad entry point
+        overrides = parse_overrides(set_ or [])
+        source = Source(target=name, symbol=symbol or None, quick=quick, patches=names)
+        settings = PipelineSettings(quick=quick, patches=names or None, overrides=overrides)
+        run_dir = out or Path("speedtrap-runs") / f"run-{slug_of(name)}"
+    err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
+    with _bar() as bar:
+        result = run_pipeline(run_dir, source, settings, command=_command_line(), progress=RichStages(bar))
     _finish(result, json)
+
+
+def slug_of(name: str) -> str:
+    """A folder name for a target: ``hf:deepseek_v4`` -> ``hf-deepseek_v4``."""
+    from speedtrap.rundir import slug
+
+    return slug(Path(name).name if "/" in name else name)

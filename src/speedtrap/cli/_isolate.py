@@ -62,8 +62,7 @@ def bisect_cmd(
     """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
     import dataclasses
 
-    from speedtrap.isolate import Hooks, isolate, make_executor
-    from speedtrap.isolate._defaults import build_manifest, default_run_dir
+    from speedtrap.isolate import Hooks, build_manifest, default_run_dir, isolate, make_executor
 
     if (target is None) == (manifest is None):
         raise UsageError("give exactly one of --target or --manifest", "e.g. --target smol-moe")
@@ -116,7 +115,7 @@ def bisect_cmd(
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from speedtrap._stats import wilson
+from speedtrap.isolate._defaults import DEFAULT_PROBE, DEFAULT_VERDICT, build_manifest, default_run_dir
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import (
     Executor,
@@ -32,6 +33,7 @@ from speedtrap.isolate._manifest import (
     VerdictSpec,
     load_isolate_manifest,
     parse_manifest,
+    parse_patches,
 )
 from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
 from speedtrap.isolate._ray import RayExecutor, TrialResources
@@ -50,9 +52,11 @@ from speedtrap.isolate._results import (
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
 from speedtrap.isolate._run import Hooks, isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
-from speedtrap.isolate._store import TrialStore, trial_key
+from speedtrap.isolate._store import TrialStore, stored_trials, trial_key
 
 __all__ = [
+    "DEFAULT_PROBE",
+    "DEFAULT_VERDICT",
     "CommandNotFound",
     "CulpritSet",
     "Evaluator",
@@ -92,6 +96,8 @@ __all__ = [
     "TrialStore",
     "Verdict",
     "VerdictSpec",
+    "build_manifest",
+    "default_run_dir",
     "free_port",
     "isolate",
     "launch",
@@ -102,8 +108,10 @@ __all__ = [
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",
+    "parse_patches",
     "rule_from_spec",
     "run_trial",
+    "stored_trials",
     "trial_key",
     "wilson",
 ]

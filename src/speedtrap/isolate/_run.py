@@ -6,7 +6,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
 from speedtrap.isolate._evaluate import Evaluator
@@ -18,6 +18,9 @@ from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
+
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
 
 RESULT_NAME = "result.json"
 UNGATED_NOTE = (
@@ -55,18 +58,20 @@ def manifest_for_target(
     )
 
 
-def needs_extra_patches(manifest: IsolateManifest) -> bool:
-    """Whether the manifest names patches beyond the target's own (its extra constructed ones)."""
-    known = {i.name for i in _base_infos(manifest)}
-    return any(p.name not in known for p in manifest.patches)
+def searched_names(manifest: IsolateManifest) -> tuple[str, ...]:
+    """The patch names the manifest lists (user ``module:function`` patches are loaded from these)."""
+    return tuple(p.name for p in manifest.patches)
 
 
-def load_in_process(manifest: IsolateManifest) -> Any:
-    """Load the manifest's in-process target (with its extra constructed patches if one is named)."""
-    return load_target_model(manifest.target, needs_extra_patches(manifest))
+def load_in_process(manifest: IsolateManifest) -> InProcessModel:
+    """Load the manifest's in-process target, the user patches it names in its catalogue."""
+    return load_target_model(manifest.target, searched_names(manifest))
 
 
-def _in_process_patches(manifest: IsolateManifest, model: Any) -> tuple[PatchSpec, ...]:
+def _in_process_patches(manifest: IsolateManifest, model: InProcessModel) -> tuple[PatchSpec, ...]:
+    from speedtrap.targets import user_patches
+
+    model.add_patches(user_patches(searched_names(manifest)))  # a model loaded by the caller gets them too
     catalog = [p.info.name for p in model.catalog]
     if not manifest.patches:  # the target's own patches (not the extra constructed ones)
         base = {i.name for i in _base_infos(manifest)}
@@ -90,7 +95,7 @@ def isolate(
     manifest: IsolateManifest,
     run_dir: Path | None,
     resume: bool = False,
-    model: Any = None,
+    model: InProcessModel | None = None,
     executor: Executor | None = None,
     hooks: Hooks | None = None,
     check_interactions: bool = True,
@@ -114,7 +119,7 @@ def _isolate(
     manifest: IsolateManifest,
     run_dir: Path | None,
     resume: bool,
-    model: Any,
+    model: InProcessModel | None,
     executor: Executor,
     hooks: Hooks,
     check_interactions: bool,
@@ -127,7 +132,7 @@ def _isolate(
             patches = _in_process_patches(manifest, model)
             check_relations(patches)
             always = [p.name for p in patches if p.ungated]
-            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, needs_extra_patches(manifest))
+            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest))
         else:
             oracle = ServerOracle(manifest.target, patches, manifest.probe)
     names = [p.name for p in patches]

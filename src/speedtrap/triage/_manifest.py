@@ -74,7 +74,7 @@ class Manifest:
 
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.isolate._manifest import parse_patches
+    from speedtrap.isolate import parse_patches
 
     path = Path(path)
     data = read_manifest_toml(path)

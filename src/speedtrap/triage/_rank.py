@@ -23,6 +23,9 @@ from speedtrap.triage._trace import DoubleApplication
 _EXPOSURE = {EVERY_LAYER: 2, SOME_LAYERS: 1, PER_STEP: 1, SETUP: 0, UNKNOWN: 1}
 
 
+SAME_MATH = "no guard, scale or precision change found: same math on a new path"
+
+
 @dataclass(frozen=True)
 class Ranking:
     tier: int
@@ -103,7 +106,7 @@ def rank(sig: PatchSignals, gate: GateSpec, doubles: list[DoubleApplication], de
         tier = 2
     else:
         tier = 3
-        reasons.insert(0, "no guard, scale or precision change found: same math on a new path")
+        reasons.insert(0, SAME_MATH)
     return Ranking(tier, score, risk, tuple(reasons), points)
 
 

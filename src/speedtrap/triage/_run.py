@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +13,13 @@ from speedtrap.triage._changes import ChangedFile, lay_patch
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._manifest import GateSpec
-from speedtrap.triage._rank import Ranking, gate_of, rank
+from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
 from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
 from speedtrap.triage._units import Units
+
+NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
 
 _APPLYING = {"added", "moved", "guard changed"}
 
@@ -53,6 +56,7 @@ class PatchReport:
             "phases": {"value": self.signals.phases, "guess": True},
             "double_applications": [d.to_json() for d in self.doubles],
             "notes": self.notes,
+            "diff_given": bool(self.patch.diff),
         }
 
 
@@ -136,6 +140,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                     added_sites.extend(added)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
+        if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
+            kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
+            ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
         reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes))
         if trace is not None:
             trace.added.extend(added_sites)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,15 +178,19 @@ def _gate_from_info(gate: Any) -> GateSpec:
     return GateSpec(UNGATED)
 
 
-def target_patch_inputs(name: str) -> tuple[list[PatchInput], Path]:
-    """A built-in target's patches (with their declared facts) and its source directory."""
+def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
+    """A target's patches (with their declared facts) and its source directory; ``patches`` names the
+    ones searched (catalogue names or a user's ``module:function``; empty: the whole catalogue)."""
     import inspect as _inspect
 
-    from speedtrap.targets import resolve_target
+    from speedtrap.targets import resolve_target, user_patches
 
     target = resolve_target("smol-moe" if name == "smolmoe" else name)
+    infos = [*target.patch_infos(), *(p.info for p in user_patches(patches))]
+    if patches:
+        infos = [i for i in infos if i.name in set(patches)]
     out = []
-    for info in target.patch_infos():
+    for info in infos:
         out.append(
             PatchInput(
                 info.name,
@@ -205,7 +210,7 @@ def target_patch_inputs(name: str) -> tuple[list[PatchInput], Path]:
     return out, Path(source)
 
 
-def from_target(name: str, tree: Path | None) -> PatchSet:
-    patches, source = target_patch_inputs(name)
+def from_target(name: str, tree: Path | None, searched: Sequence[str] = ()) -> PatchSet:
+    patches, source = target_patch_inputs(name, searched)
     args = ["--target", name] + (["--tree", str(tree)] if tree else [])
     return PatchSet(patches, tree or source, f"target {name} ({len(patches)} patches)", args)
