@@ -9,12 +9,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Column
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, fail, user_errors
 from speedtrap.cli._report import print_verdict
+from speedtrap.progress import RichProgress
 
 DEMO_DIR = Path("speedtrap-runs") / "demo"
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object on stdout.")]
@@ -24,47 +23,8 @@ QuickOpt = Annotated[
 ]
 
 
-class RichStages:
-    """One progress bar per stage on stderr."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.tasks: dict[str, TaskID] = {}
-
-    def _task(self, stage: str, total: int | None = None) -> TaskID:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.bar.add_task(stage, total=total, note="")
-        return self.tasks[stage]
-
-    def start(self, stage: str, total: int | None, detail: str = "") -> None:
-        task = self._task(stage, total)
-        self.bar.update(task, total=total, note=detail)
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
-        self.bar.update(self._task(stage), advance=n, note=detail)
-
-    def done(self, stage: str, status: str, detail: str = "") -> None:
-        task = self._task(stage)
-        total = self.bar.tasks[task].total
-        if status == "done":
-            completed = total if total is not None else self.bar.tasks[task].completed
-            self.bar.update(task, total=completed or 1, completed=completed or 1, note="done")
-        else:
-            self.bar.update(task, total=total or 1, note=f"{status}: {detail}"[:80])
-
-
-def _bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}", markup=False, table_column=Column(no_wrap=True, min_width=9)),
-        BarColumn(bar_width=20),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn(
-            "{task.fields[note]}", markup=False, style="dim", table_column=Column(no_wrap=True, overflow="ellipsis")
-        ),
-        console=err_console,
-        transient=False,
-    )
+def _bar() -> RichProgress:
+    return RichProgress(err_console)
 
 
 def _finish(result: Any, json: bool) -> None:
@@ -105,7 +65,7 @@ def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False)
             Source(target="smol-moe", quick=True),
             demo_settings(quick),
             command=_command_line(),
-            progress=RichStages(bar),
+            progress=bar,
         )
     _finish(result, json)
 
@@ -162,7 +122,7 @@ def run_cmd(
         run_dir = out or Path("speedtrap-runs") / f"run-{slug_of(name)}"
     err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     with _bar() as bar:
-        result = run_pipeline(run_dir, source, settings, command=_command_line(), progress=RichStages(bar))
+        result = run_pipeline(run_dir, source, settings, command=_command_line(), progress=bar)
     _finish(result, json)
 
 

@@ -50,7 +50,7 @@ from speedtrap.isolate._results import (
     Verdict,
 )
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
-from speedtrap.isolate._run import Hooks, isolate, load_in_process, make_executor, manifest_for_target
+from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore, stored_trials, trial_key
 
@@ -62,7 +62,6 @@ __all__ = [
     "Evaluator",
     "Executor",
     "FunctionOracle",
-    "Hooks",
     "InProcessOracle",
     "Interaction",
     "InteractionKind",

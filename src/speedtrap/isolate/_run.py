@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
+from speedtrap.progress import NoProgress, Progress
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -30,12 +31,30 @@ UNGATED_NOTE = (
 )
 
 
-@dataclasses.dataclass
-class Hooks:
-    """Progress callbacks: each finished (or reused) trial, and the search's suspects left."""
+TRIALS_TASK = "isolate"
+SUSPECTS_TASK = "suspects left"
 
-    on_trial: Callable[[Trial], None] | None = None
-    on_search: Callable[[SearchProgress], None] | None = None
+
+class _ProgressHooks:
+    """The search's callbacks as progress: trials run (total unknown) and suspects left."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.total: int | None = None
+        self.cleared = 0
+
+    def on_trial(self, trial: Trial) -> None:
+        self.progress.advance(TRIALS_TASK, 1, " + ".join(trial.config) or "baseline")
+
+    def on_search(self, state: SearchProgress) -> None:
+        total = max(1, state.total)
+        if total != self.total:
+            self.progress.start(SUSPECTS_TASK, total)
+            self.total = total
+        cleared = total - min(state.suspects_left, total)
+        if cleared != self.cleared:
+            self.progress.advance(SUSPECTS_TASK, cleared - self.cleared)
+            self.cleared = cleared
 
 
 def manifest_for_target(
@@ -97,7 +116,7 @@ def isolate(
     resume: bool = False,
     model: InProcessModel | None = None,
     executor: Executor | None = None,
-    hooks: Hooks | None = None,
+    progress: Progress | None = None,
     check_interactions: bool = True,
     oracle: Oracle | None = None,
 ) -> IsolateResult:
@@ -109,7 +128,8 @@ def isolate(
     owned = executor is None
     executor = executor if executor is not None else make_executor(manifest)
     try:
-        return _isolate(manifest, run_dir, resume, model, executor, hooks or Hooks(), check_interactions, oracle)
+        hooks = _ProgressHooks(progress or NoProgress())
+        return _isolate(manifest, run_dir, resume, model, executor, hooks, check_interactions, oracle)
     finally:
         if owned:
             executor.close()
@@ -121,7 +141,7 @@ def _isolate(
     resume: bool,
     model: InProcessModel | None,
     executor: Executor,
-    hooks: Hooks,
+    hooks: _ProgressHooks,
     check_interactions: bool,
     oracle: Oracle | None,
 ) -> IsolateResult:

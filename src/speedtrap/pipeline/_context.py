@@ -7,34 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from speedtrap.pipeline._settings import PipelineSettings, stable_key
+from speedtrap.progress import Progress
 from speedtrap.report import Part, RunRecord, Source, load_part, save_part
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
-
-
-class Progress(Protocol):
-    """Per-stage progress: a stage starts (with a total if known), advances, ends with a status."""
-
-    def start(self, stage: str, total: int | None, detail: str = "") -> None: ...
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None: ...
-
-    def done(self, stage: str, status: str, detail: str = "") -> None: ...
-
-
-class NoProgress:
-    def start(self, stage: str, total: int | None, detail: str = "") -> None:
-        pass
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
-        pass
-
-    def done(self, stage: str, status: str, detail: str = "") -> None:
-        pass
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap.pipeline import _stages
-from speedtrap.pipeline._context import Context, NoProgress, Progress
+from speedtrap.pipeline._context import Context
 from speedtrap.pipeline._settings import PipelineSettings
+from speedtrap.progress import NoProgress, Progress
 from speedtrap.report import ReportData, RunRecord, Source, load_report_data, write_report
 from speedtrap.rundir import now_iso
 

@@ -184,7 +184,7 @@ def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
 
 def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
     """The culprit search (trials kept in ``isolate/trials.sqlite``; a rerun reuses every stored trial)."""
-    from speedtrap.isolate import Hooks, IsolateResult, isolate
+    from speedtrap.isolate import IsolateResult, isolate
 
     spec = isolation_spec(ctx, prior)
     folder = ctx.run_dir / ISOLATE_DIR
@@ -201,9 +201,8 @@ def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     ctx.progress.start("isolate", None)
-    hooks = Hooks(on_trial=lambda trial: ctx.progress.advance("isolate", 1, " + ".join(trial.config) or "baseline"))
     model = ctx.in_process_model() if ctx.source.in_process else None
-    result = isolate(spec, folder, resume=True, model=model, hooks=hooks)
+    result = isolate(spec, folder, resume=True, model=model, progress=ctx.progress)
     from speedtrap.rundir import write_atomic
 
     write_atomic(key_file, key)
