@@ -68,7 +68,7 @@ def _declared_info(spec: str, where: str, fn: Callable[..., Any]) -> PatchInfo:
     return PatchInfo(
         name=spec,
         summary=doc[0] if doc else f"user patch {spec}",
-        gate=Gate(GateKind.IN_PROCESS, spec),
+        gate=Gate(GateKind.IN_PROCESS),
         kind=kind,
         layers=layers,
         scope=scope,

@@ -21,7 +21,7 @@ from speedtrap.triage._inspect import (
     redact_env,
     secret_name,
 )
-from speedtrap.triage._manifest import GateSpec, Manifest, load_manifest
+from speedtrap.triage._manifest import Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
 from speedtrap.triage._run import PatchReport, TriageReport, triage
 from speedtrap.triage._sources import (
@@ -39,7 +39,6 @@ __all__ = [
     "DiffError",
     "DoubleApplication",
     "FilePatch",
-    "GateSpec",
     "Hunk",
     "InspectReport",
     "Manifest",

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG, GateSpec
+from speedtrap.patching import Gate
+from speedtrap.triage._manifest import CONFIG, ENV, FLAG
 from speedtrap.triage._sources import PatchInput
 
 REDACTED = "<redacted>"
@@ -60,7 +61,7 @@ _SSH_TIMEOUT_S = 30
 @dataclass(frozen=True)
 class GateState:
     patch: str
-    gate: GateSpec
+    gate: Gate
     state: str  # "on", "off", "unknown", "ungated"
     evidence: str
 
@@ -244,7 +245,7 @@ def _model_config(argv: list[str]) -> dict[str, Any] | None:
     return None
 
 
-def gate_state(name: str, gate: GateSpec, argv: list[str], env: dict[str, str], local: bool) -> GateState:
+def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], local: bool) -> GateState:
     if gate.kind == ENV:
         states = []
         for key, value in gate.env:

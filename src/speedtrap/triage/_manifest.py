@@ -23,43 +23,15 @@ from typing import Any
 
 from speedtrap._errors import ManifestError
 from speedtrap._toml import read_manifest_toml
+from speedtrap.patching import Gate, GateKind
 
-ENV, FLAG, CONFIG, UNGATED = "env", "flag", "config", "ungated"
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    """How a patch is switched on: env vars, launch args, config keys, or nothing (ungated)."""
-
-    kind: str
-    env: tuple[tuple[str, str], ...] = ()
-    args: tuple[str, ...] = ()
-    config: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def key(self) -> str:
-        if self.env:
-            return self.env[0][0]
-        if self.args:
-            return " ".join(self.args)
-        if self.config:
-            return self.config[0][0]
-        return ""
-
-    def describe(self) -> str:
-        if self.kind == UNGATED:
-            return "ungated"
-        parts = [f"{k}={v}" for k, v in self.env] + list(self.args) + [f"{k}={v}" for k, v in self.config]
-        return f"{self.kind}: {' '.join(parts)}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "env": dict(self.env), "args": list(self.args), "config": dict(self.config)}
+ENV, FLAG, CONFIG, UNGATED = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG, GateKind.UNGATED
 
 
 @dataclass(frozen=True)
 class ManifestPatch:
     name: str
-    gate: GateSpec
+    gate: Gate
     diff_path: Path | None
     summary: str = ""
 
@@ -82,7 +54,7 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
     specs = parse_patches(data.get("patches"), path.parent, required=True)
     patches = tuple(
-        ManifestPatch(p.name, GateSpec(p.gate if p.gate != "in-process" else UNGATED, p.env, p.args, p.config),
+        ManifestPatch(p.name, p.gate,
                       p.diff, p.summary)
         for p in specs
     )  # fmt: skip

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
+from speedtrap.patching import Gate
 from speedtrap.triage._changes import ChangedFile, lay_patch
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
-from speedtrap.triage._manifest import GateSpec
 from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
@@ -29,7 +29,7 @@ class PatchReport:
     patch: PatchInput
     files: list[ChangedFile]
     signals: PatchSignals
-    gate: GateSpec
+    gate: Gate
     gate_source: str
     ranking: Ranking
     doubles: list[DoubleApplication] = field(default_factory=list)

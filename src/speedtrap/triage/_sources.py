@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
+from speedtrap.patching import Gate
 from speedtrap.triage._diff import decode_diff, parse_diff
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED, GateSpec, load_manifest
+from speedtrap.triage._manifest import load_manifest
 
 _GIT_TIMEOUT_S = 120
 _SUBJECT_RE = re.compile(r"^Subject:\s*(?:\[[^\]]*\]\s*)?(.*)$", re.M)
@@ -29,7 +30,7 @@ class PatchInput:
     diff: str | None
     origin: str
     summary: str = ""
-    gate: GateSpec | None = None  # declared gate; None when nobody said
+    gate: Gate | None = None  # declared gate; None when nobody said
     file_hint: str = ""  # the file a single-file diff applies to, when its paths do not say
     declared: dict[str, Any] = field(default_factory=dict, compare=False)  # kind, scope, phases
 
@@ -167,17 +168,6 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
     return PatchSet(patches, tree or manifest.tree, f"{len(patches)} patch(es) of {path}", args)
 
 
-def _gate_from_info(gate: Any) -> GateSpec:
-    kind = str(getattr(gate.kind, "value", gate.kind))
-    if kind == ENV:
-        return GateSpec(ENV, env=((gate.key, gate.value),))
-    if kind == FLAG:
-        return GateSpec(FLAG, args=tuple(gate.key.split()))
-    if kind == CONFIG:
-        return GateSpec(CONFIG, config=((gate.key, gate.value),))
-    return GateSpec(UNGATED)
-
-
 def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
     """A target's patches (with their declared facts) and its source directory; ``patches`` names the
     ones searched (catalogue names or a user's ``module:function``; empty: the whole catalogue)."""
@@ -197,7 +187,7 @@ def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[Pa
                 info.diff,
                 f"target {target.name}",
                 info.summary,
-                _gate_from_info(info.gate),
+                info.gate,
                 info.file,
                 {
                     "kind": str(getattr(info.kind, "value", info.kind)),
