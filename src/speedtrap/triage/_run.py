@@ -9,16 +9,18 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap.triage._changes import ChangedFile, lay_patch
+from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._manifest import GateSpec
+from speedtrap.triage._paths import path_doubles
 from speedtrap.triage._rank import Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
 from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
 from speedtrap.triage._units import Units
 
-_APPLYING = {"added", "moved", "guard changed"}
+_APPLYING = {"added", "moved", "guard changed", "identity removed", "identity condition changed"}
 
 
 @dataclass
@@ -117,7 +119,8 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         notes.extend(f"{f.path}: {f.note}" for f in files if f.note)
         post = index.with_overlay({f.path: f.new_text for f in files}) if index is not None else None
         units = Units(post) if post is not None else None
-        sig = analyze(files, HotPaths(units) if units else None, symbol)
+        flow = Flow(units.resolver) if units is not None else None
+        sig = analyze(files, HotPaths(units) if units else None, symbol, flow)
         doubles: list[DoubleApplication] = []
         added_sites: list[Site] = []
         if post is not None and index is not None:
@@ -134,6 +137,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                 doubles.extend(found)
                 if factor == symbol:
                     added_sites.extend(added)
+            if flow is not None and units is not None and sig.identity:
+                bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
+                doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes))
