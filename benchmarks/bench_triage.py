@@ -36,7 +36,10 @@ VLLM_OLD = (
     "            else 1.0,\n"
     "            e_score_correction_bias=e_score_correction_bias,\n"
 )
-VLLM_NEW = "            routed_scaling_factor=routed_scaling_factor,\n            e_score_correction_bias=e_score_correction_bias,\n"
+VLLM_NEW = (
+    "            routed_scaling_factor=routed_scaling_factor,\n"
+    "            e_score_correction_bias=e_score_correction_bias,\n"
+)
 HASH_TOPK = "sglang/srt/layers/moe/hash_topk.py"
 GUARDED = (
     "        if self.apply_routed_scaling_factor_on_output:\n"
@@ -77,7 +80,9 @@ def bench(root: Path, label: str, wheel: Path, rel: str, old: str, new: str, rep
     assert before.count(old) == 1, f"{rel} no longer holds the code the benchmark patches"
     after = before.replace(old, new)
     diff = root / f"{label}.diff"
-    diff.write_text("".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")))
+    diff.write_text(
+        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    )
     cmd = [sys.executable, "-c", CLI, "triage", "--patch", str(diff), "--tree", str(tree)]
     cmd += ["--symbol", "routed_scaling_factor", "--json"]
     walls, inner = [], []

@@ -61,13 +61,10 @@ class Flow:
         if depth > _MAX_DEPTH:
             return []
         cur, parent = node, mod.parent(node)
-        while True:
-            if isinstance(parent, ast.IfExp) and parent.test is not cur:
-                cur, parent = parent, mod.parent(parent)
-            elif isinstance(parent, ast.Call) and last_name(parent.func) in _TRANSPARENT and cur in parent.args:
-                cur, parent = parent, mod.parent(parent)
-            else:
-                break
+        while (isinstance(parent, ast.IfExp) and parent.test is not cur) or (
+            isinstance(parent, ast.Call) and last_name(parent.func) in _TRANSPARENT and cur in parent.args
+        ):
+            cur, parent = parent, mod.parent(parent)
         here = self._multiply(mod, cur, parent)
         if here is not None:
             return [Reach(make_site(mod, here[0], MULTIPLY, here[1], ""), ())]

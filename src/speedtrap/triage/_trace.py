@@ -188,7 +188,9 @@ def python_sites(mod: Module, symbol: str, lines: frozenset[int] | None = None, 
         role, detail = _role(mod, node)
         if line not in best or _PRIORITY[role] < best[line][0]:
             best[line] = (_PRIORITY[role], node, role, detail)
-    return [make_site(mod, node, role, detail, symbol, patch) for _line, (_p, node, role, detail) in sorted(best.items())]
+    return [
+        make_site(mod, node, role, detail, symbol, patch) for _line, (_p, node, role, detail) in sorted(best.items())
+    ]
 
 
 def make_site(mod: Module, node: ast.AST, role: str, detail: str, symbol: str, patch: str | None = None) -> Site:
