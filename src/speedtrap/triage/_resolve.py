@@ -134,13 +134,17 @@ class Resolver:
             return self.resolve(target, func.attr) if target else None
         return None
 
-    def exporters(self, file: str, name: str) -> list[str]:
-        """Package ``__init__`` files that re-export ``name`` as defined in ``file``."""
-        out: list[str] = []
+    def exporters(self, file: str, name: str) -> list[tuple[str, str]]:
+        """Package ``__init__`` files that re-export ``name`` as defined in ``file``, with the name they
+        export it under (``from .mod import f as g`` exports ``g``)."""
+        out: list[tuple[str, str]] = []
         for rel in self.index.containing([name]):
-            if rel == file or not rel.endswith("__init__.py") or name not in self.imports(rel):
+            if rel == file or not rel.endswith("__init__.py"):
                 continue
-            found = self.resolve(rel, name)
-            if found is not None and found.file == file:
-                out.append(rel)
+            for local, (_module, _level, imported) in self.imports(rel).items():
+                if imported != name:
+                    continue
+                found = self.resolve(rel, local)
+                if found is not None and found.file == file:
+                    out.append((rel, local))
         return out

@@ -94,10 +94,16 @@ class Units:
         """
         key = (name, defined_in)
         if key not in self._callers:
+            names = {name}
             files = self.index.containing([name])
             if defined_in is not None:
-                # A caller names the defining module, or a package whose __init__ re-exports the name.
-                needles = {_stem(defined_in)} | {_stem(f) for f in self.resolver.exporters(defined_in, name)}
+                # A caller names the defining module, or a package whose __init__ re-exports the name
+                # (perhaps under another name: ``from .mod import f as g``).
+                exporters = self.resolver.exporters(defined_in, name)
+                names |= {local for _f, local in exporters}
+                for alias in names - {name}:
+                    files = sorted(set(files) | set(self.index.containing([alias])))
+                needles = {_stem(defined_in)} | {_stem(f) for f, _local in exporters}
                 here = str(Path(defined_in).parent)
                 files = [
                     f
@@ -115,10 +121,10 @@ class Units:
                 mod = self.index.module(file)
                 if mod is None:
                     continue
-                known = name in self.known_names(file)
+                known = self.known_names(file)
                 for node in mod.nodes:
-                    if isinstance(node, ast.Call) and _callee(node) == name:
-                        if not known and not isinstance(node.func, ast.Attribute):
+                    if isinstance(node, ast.Call) and (callee := _callee(node)) in names:
+                        if callee not in known and not isinstance(node.func, ast.Attribute):
                             continue
                         unit, func = mod.scope_of(node)
                         found.append(CallSite(file, unit, func, node, mod))
