@@ -125,9 +125,7 @@ def test_sglang_identity_removed_is_tier_1_and_names_the_topk_multiply_and_its_f
     diff = patch_file(
         sglang_source, S_MXFP4, [(S_ALPHA_IDENTITY, "alpha = routed_scaling_factor")], tmp_path / "alpha.diff"
     )
-    report = run(sglang_source, diff)
-    assert report.elapsed_s <= 10.0, f"triage of the SGLang tree took {report.elapsed_s:.1f} s"
-    [p] = report.patches
+    [p] = run(sglang_source, diff).patches
     assert p.tier == 1
     scale = next(s for s in p.signals.signals if s.data.get("change") == "identity removed")
     assert "condition `already_scaled` that selected 1.0" in scale.summary
