@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speedtrap.triage import from_diff_files, triage
+from speedtrap.triage import from_diff_files, render_plan, triage
 
 FILES = {
     "pkg/__init__.py": "from pkg.router.impl import make_router as build_router\n",
@@ -101,8 +101,10 @@ def patched(tree: Path, edits: list[tuple[str, str]], out: Path, rel: str = "pkg
 
 def test_identity_removed_reaches_the_router_multiply_and_doubles_the_runner(tree: Path, tmp_path: Path) -> None:
     diff = patched(tree, [(ROUTER_ARG, "scale=factor")], tmp_path / "p.diff")
-    [p] = triage(from_diff_files([diff], tree), "factor").patches
+    report = triage(from_diff_files([diff], tree), "factor")
+    [p] = report.patches
     assert p.tier == 1
+    assert "lets the factor reach `w = w * self.scale` at pkg/router/impl.py:8" in render_plan(report)
     [sig] = [s for s in p.signals.signals if s.data.get("change") == "identity removed"]
     assert "condition `on_output` that selected 1.0" in sig.summary
     [reach] = sig.data["reaches"]
