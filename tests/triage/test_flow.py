@@ -149,3 +149,18 @@ def test_a_rewritten_multiply_under_the_same_guard_is_not_a_double_application(t
     )
     [p] = triage(from_diff_files([diff], tree), "scale").patches
     assert p.doubles == [] and p.tier > 1
+
+
+def test_comment_and_docstring_only_change_is_tier_3(tree: Path, tmp_path: Path) -> None:
+    diff = patched(
+        tree,
+        [
+            (
+                "def build(factor, on_output, shift):\n",
+                'def build(factor, on_output, shift):\n    """Router and runner."""  # doc\n',
+            )
+        ],
+        tmp_path / "p.diff",
+    )
+    [p] = triage(from_diff_files([diff], tree)).patches
+    assert p.tier == 3 and p.signals.hot_paths == []

@@ -111,12 +111,23 @@ def test_vllm_callers_of_a_factory_imported_through_the_package_reexport(vllm_so
     text = (vllm_source / V_LAYER).read_text()
     line = "    if params_dtype is None:\n"
     assert text.count(line) == 1
-    diff = patch_file(vllm_source, V_LAYER, [(line, "    # reviewed\n" + line)], tmp_path / "comment.diff")
+    diff = patch_file(vllm_source, V_LAYER, [(line, "    assert top_k > 0\n" + line)], tmp_path / "check.diff")
     [p] = triage(from_diff_files([diff], vllm_source)).patches
     best = p.signals.best_hot_path
     assert best is not None and best.level in ("every layer", "some layers"), best
     chain = " ".join(best.chain)
     assert "no caller" not in chain and "FusedMoEFactory builds part of" in chain
+
+
+def test_vllm_docstring_commit_stays_tier_3(vllm_source: Path, tmp_path: Path) -> None:
+    text = (vllm_source / V_LAYER).read_text()
+    start = text.index('    """', text.index("def FusedMoEFactory("))
+    line = text[start : text.index("\n", start) + 1]
+    diff = patch_file(
+        vllm_source, V_LAYER, [(line, line.replace('"""', '"""Builds the MoE layer. ', 1))], tmp_path / "d"
+    )
+    [p] = triage(from_diff_files([diff], vllm_source)).patches
+    assert p.tier == 3 and p.ranking.risk == 0
 
 
 def test_sglang_identity_removed_is_tier_1_and_names_the_topk_multiply_and_its_flag(

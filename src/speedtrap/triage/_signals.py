@@ -78,6 +78,8 @@ def analyze(
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
             continue
+        if old is not None and new is not None and _same_code(old, new):
+            continue  # comments and docstrings only: nothing runs differently
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
         if new is not None:
@@ -113,6 +115,27 @@ def analyze(
         result.signals.append(Signal(GATING, "the diff reads no env var, flag or config key: ungated in code"))
     result.factors = sorted({s.data["factor"] for s in result.of(SCALE) if "factor" in s.data})
     return result
+
+
+def _without_docstrings(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _same_code(old: Module, new: Module) -> bool:
+    """Whether two versions of a file differ only in comments, docstrings and layout."""
+    return _without_docstrings(old.source) == _without_docstrings(new.source)
 
 
 def _identity_signals(
