@@ -130,6 +130,14 @@ def test_vllm_docstring_commit_stays_tier_3(vllm_source: Path, tmp_path: Path) -
     assert p.tier == 3 and p.ranking.risk == 0
 
 
+def test_vllm_bf16_commit_is_a_precision_change_not_a_scale_change(vllm_source: Path, tmp_path: Path) -> None:
+    old = "    return topk_weights.to(torch.float32), topk_ids.to(torch.int32)\n"
+    diff = patch_file(vllm_source, V_GROUPED, [(old, old.replace("float32", "bfloat16"))], tmp_path / "bf16.diff")
+    [p] = run(vllm_source, diff).patches
+    assert p.tier == 2 and set(p.ranking.points) >= {"precision"} and "scale" not in p.ranking.points
+    assert p.doubles == []
+
+
 def test_sglang_identity_removed_is_tier_1_and_names_the_topk_multiply_and_its_flag(
     sglang_source: Path, tmp_path: Path
 ) -> None:
