@@ -11,8 +11,10 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
 from speedtrap.triage._changes import ChangedFile, lay_patch
+from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._paths import path_doubles
 from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
@@ -21,7 +23,7 @@ from speedtrap.triage._units import Units
 
 NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
 
-_APPLYING = {"added", "moved", "guard changed"}
+_APPLYING = {"added", "moved", "guard changed", "identity removed", "identity condition changed"}
 
 
 @dataclass
@@ -121,7 +123,8 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         notes.extend(f"{f.path}: {f.note}" for f in files if f.note)
         post = index.with_overlay({f.path: f.new_text for f in files}) if index is not None else None
         units = Units(post) if post is not None else None
-        sig = analyze(files, HotPaths(units) if units else None, symbol)
+        flow = Flow(units.resolver) if units is not None else None
+        sig = analyze(files, HotPaths(units) if units else None, symbol, flow)
         doubles: list[DoubleApplication] = []
         added_sites: list[Site] = []
         if post is not None and index is not None:
@@ -138,6 +141,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                 doubles.extend(found)
                 if factor == symbol:
                     added_sites.extend(added)
+            if flow is not None and units is not None and sig.identity:
+                bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
+                doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
