@@ -65,7 +65,7 @@ def test_a_valid_manifest_reads_back() -> None:
     assert m.target.launch[-1] == "{port}" and m.target.model == "/m/models/smol.gguf"
     assert m.target.health.endswith("/v1/models") and m.target.start_timeout == 60
     assert [p.name for p in m.patches] == ["q8_kv", "flash_attn", "env_patch", "compiled_in"]
-    assert [p.gate for p in m.patches] == ["flag", "flag", "env", "ungated"]
+    assert [p.gate.kind.value for p in m.patches] == ["flag", "flag", "env", "ungated"]
     assert m.patches[0].requires == ("flash_attn",) and m.patches[2].conflicts == ("q8_kv",)
     assert m.patches[3].diff == Path("/m/patches/compiled.diff")
     assert m.probe.kind == "divergence" and m.probe.settings == {"lengths": [256], "decode_tokens": 8}

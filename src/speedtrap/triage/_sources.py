@@ -169,16 +169,14 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
 
 
 def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
-    """A target's patches (with their declared facts) and its source directory; ``patches`` names the
-    ones searched (catalogue names or a user's ``module:function``; empty: the whole catalogue)."""
+    """A target's patches (with their declared facts) and its source directory; the user patches
+    (``module:function``) among ``patches`` are read beside the catalogue's."""
     import inspect as _inspect
 
     from speedtrap.targets import resolve_target, user_patches
 
     target = resolve_target("smol-moe" if name == "smolmoe" else name)
-    infos = [*target.patch_infos(), *(p.info for p in user_patches(patches))]
-    if patches:
-        infos = [i for i in infos if i.name in set(patches)]
+    infos = [*target.patch_infos(), *(p.info for p in user_patches(patches))]  # the user's join the catalogue
     out = []
     for info in infos:
         out.append(
