@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from speedtrap._stats import wilson
+from speedtrap.isolate._commits import CommitConflict, CommitTrees
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import (
     Executor,
@@ -43,6 +44,7 @@ from speedtrap.isolate._results import (
     IsolateResult,
     Judgement,
     Outcome,
+    PatchRelation,
     Status,
     Trial,
     Verdict,
@@ -51,9 +53,18 @@ from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_f
 from speedtrap.isolate._run import Hooks, isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore, trial_key
+from speedtrap.isolate._worktree import (
+    Worktrees,
+    commit_order,
+    commit_target_fields,
+    resolve_commits_in,
+    scan_relations,
+)
 
 __all__ = [
     "CommandNotFound",
+    "CommitConflict",
+    "CommitTrees",
     "CulpritSet",
     "Evaluator",
     "Executor",
@@ -71,6 +82,7 @@ __all__ = [
     "Oracle",
     "OracleRecipe",
     "Outcome",
+    "PatchRelation",
     "PatchSpec",
     "ProbeSpec",
     "RayExecutor",
@@ -92,6 +104,9 @@ __all__ = [
     "TrialStore",
     "Verdict",
     "VerdictSpec",
+    "Worktrees",
+    "commit_order",
+    "commit_target_fields",
     "free_port",
     "isolate",
     "launch",
@@ -102,8 +117,10 @@ __all__ = [
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",
+    "resolve_commits_in",
     "rule_from_spec",
     "run_trial",
+    "scan_relations",
     "trial_key",
     "wilson",
 ]

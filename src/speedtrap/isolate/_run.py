@@ -18,6 +18,7 @@ from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
+from speedtrap.isolate._worktree import CommitRelations, declared_relations, merged
 
 RESULT_NAME = "result.json"
 UNGATED_NOTE = (
@@ -134,12 +135,11 @@ def _isolate(
     for i, name in enumerate(manifest.prior):
         if name not in names:
             raise ManifestError(f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(names)}")
-    searchable = [p.name for p in patches if not p.ungated]
+    commits = CommitRelations.read(manifest.target, patches)
+    searchable = [p.name for p in patches if not p.ungated and p.name not in commits.unusable]
     ungated = tuple(p.name for p in patches if p.ungated)
-    relations = Relations(
-        requires={p.name: p.requires for p in patches if p.requires},
-        conflicts=_symmetric({p.name: p.conflicts for p in patches}),
-    )
+    requires, conflicts = merged(patches, commits.requires, commits.conflicts)
+    relations = Relations(requires=requires, conflicts=_symmetric(conflicts))
     rule = rule_from_spec(manifest.verdict)
     failovers_before = getattr(executor, "failovers", 0)
     store = TrialStore(run_dir)
@@ -165,7 +165,7 @@ def _isolate(
         )
         search = Search(
             searchable,
-            evaluator,
+            commits.judge(evaluator),
             relations,
             prior=manifest.prior,
             capacity=evaluator.capacity,
@@ -178,7 +178,7 @@ def _isolate(
         except SpeedtrapError:
             store.finish_run(run_id, "aborted", None)
             raise
-        notes = list(result.notes)
+        notes = [*result.notes, *commits.notes()]
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
         failovers = getattr(executor, "failovers", 0) - failovers_before
@@ -198,6 +198,8 @@ def _isolate(
             rule={**rule.to_json(), "repeats": manifest.verdict.repeats},
             target=manifest.target.to_json(),
             notes=tuple(notes),
+            not_searched={**result.not_searched, **commits.unusable},
+            relations=(*declared_relations(patches), *commits.relations),
         )
         store.finish_run(run_id, result.status.value, result.to_json())
         if run_dir is not None:
@@ -206,6 +208,7 @@ def _isolate(
     finally:
         oracle.close()
         store.close()
+        commits.close()
 
 
 def make_executor(manifest: IsolateManifest, workers: int | None = None) -> Executor:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._init import InitResult, init_manifest
 from speedtrap.triage._inspect import InspectReport, inspect_process, read_process, redact_argv, redact_env
 from speedtrap.triage._manifest import GateSpec, Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
@@ -34,6 +35,7 @@ __all__ = [
     "FilePatch",
     "GateSpec",
     "Hunk",
+    "InitResult",
     "InspectReport",
     "Manifest",
     "PatchInput",
@@ -47,6 +49,7 @@ __all__ = [
     "from_git_range",
     "from_manifest",
     "from_target",
+    "init_manifest",
     "inspect_process",
     "load_manifest",
     "parse_diff",
