@@ -8,6 +8,7 @@ edits a line ``fused_helper`` wrote) and from brute force: every subset cherry-p
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,42 @@ def test_git_env_does_not_leak_into_user_repo(stack: CommitStack, tmp_path: Path
         trees.close()
     assert git(stack.repo, "count-objects", "-v") == before
     assert not (stack.repo / ".git" / "worktrees").exists()
+
+
+# -- the whole hunt: speedtrap run --manifest on commit patches ---------------------------------
+
+
+def test_run_on_commit_patches_names_the_culprit_commit_in_the_report(stack: CommitStack, tmp_path: Path) -> None:
+    import json
+
+    from speedtrap.report import schema_errors
+
+    manifest = write_manifest(tmp_path / "speedtrap.toml", stack)
+    out = tmp_path / "run"
+    env = {**os.environ, "SPEEDTRAP_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "speedtrap", "run", "--manifest", str(manifest), "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=600, check=False, env=env,
+    )  # fmt: skip
+    # The recall probe cannot talk to a stack without a chat API: that stage fails, the rest goes on.
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert [(c["patches"], c["confirmed"]) for c in summary["verdict"]["culprits"]] == [(["route_scale"], True)]
+    document = json.loads((out / "report.json").read_text())
+    assert schema_errors(document) == []
+    # Triage read the commits' diffs from the repository: the double scale ranks first.
+    triage_rows = {r["name"]: r for r in document["triage"]["rows"]}
+    assert triage_rows["route_scale"]["tier"] == 1
+    # The report shows each commit: subject, diff and verdict, with triage's reasons beside it.
+    rows = {c["patch"]: c for c in document["isolation"]["commits"]}
+    assert rows["route_scale"]["verdict"] == "culprit"
+    assert rows["route_scale"]["subject"] == stack.subjects["route_scale"]
+    assert "+    return x * SCALE" in rows["route_scale"]["diff"]
+    assert rows["fused_helper"]["verdict"].startswith("cleared")
+    assert rows["tuned_helper"]["relations"] == ["requires fused_helper (read off commits)"]
+    html = (out / "report.html").read_text()
+    assert "<h3>Commits</h3>" in html and "return x * SCALE" in html
+    assert triage_rows["route_scale"]["reasons"][0].split(":")[0] in html
+    markdown = (out / "report.md").read_text()
+    assert "### Commits" in markdown and "#### route_scale: " + stack.subjects["route_scale"] in markdown
+    assert not list((tmp_path / "cache" / "worktrees").glob("repo-*"))

@@ -38,6 +38,7 @@ from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOra
 from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
+    CommitPatch,
     CulpritSet,
     Interaction,
     InteractionKind,
@@ -64,6 +65,7 @@ from speedtrap.isolate._worktree import (
 __all__ = [
     "CommandNotFound",
     "CommitConflict",
+    "CommitPatch",
     "CommitTrees",
     "CulpritSet",
     "Evaluator",

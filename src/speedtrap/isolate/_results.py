@@ -188,6 +188,23 @@ class PatchRelation:
         return cls(str(d["kind"]), str(d["patch"]), _config(d["others"]), str(d["source"]), str(d.get("why", "")))
 
 
+@dataclass(frozen=True)
+class CommitPatch:
+    """A commit patch as the report shows it: its commits, subject and diff."""
+
+    patch: str
+    commits: Config
+    subject: str
+    diff: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "commits": list(self.commits), "subject": self.subject, "diff": self.diff}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CommitPatch:
+        return cls(str(d["patch"]), _config(d.get("commits", [])), str(d.get("subject", "")), str(d.get("diff", "")))
+
+
 class Status(enum.StrEnum):
     FOUND = "found"  # culprit sets (and/or interactions) found and checked
     BASELINE_FAILS = "baseline_fails"  # the configuration with no patch already fails: nothing to blame
@@ -214,6 +231,7 @@ class IsolateResult:
     target: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     relations: tuple[PatchRelation, ...] = ()  # relations read off commit patches (requires / conflicts)
+    commits: tuple[CommitPatch, ...] = ()  # the commit patches: subject and diff of each
 
     @property
     def culprit_names(self) -> list[Config]:
@@ -237,6 +255,7 @@ class IsolateResult:
             "target": dict(self.target),
             "notes": list(self.notes),
             "relations": [r.to_json() for r in self.relations],
+            "commits": [c.to_json() for c in self.commits],
         }
 
     @classmethod
@@ -258,6 +277,7 @@ class IsolateResult:
             target=dict(d.get("target", {})),
             notes=tuple(str(n) for n in d.get("notes", [])),
             relations=tuple(PatchRelation.from_json(r) for r in d.get("relations", [])),
+            commits=tuple(CommitPatch.from_json(c) for c in d.get("commits", [])),
         )
 
     def summary(self) -> str:

@@ -18,7 +18,7 @@ from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
-from speedtrap.isolate._worktree import CommitRelations, declared_relations, merged
+from speedtrap.isolate._worktree import CommitRelations, declared_relations, describe_commit_patches, merged
 
 RESULT_NAME = "result.json"
 UNGATED_NOTE = (
@@ -200,6 +200,7 @@ def _isolate(
             notes=tuple(notes),
             not_searched={**result.not_searched, **commits.unusable},
             relations=(*declared_relations(patches), *commits.relations),
+            commits=describe_commit_patches(manifest.target, patches),
         )
         store.finish_run(run_id, result.status.value, result.to_json())
         if run_dir is not None:

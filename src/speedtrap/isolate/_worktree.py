@@ -21,10 +21,11 @@ from typing import Any
 from speedtrap._cache import cache_root
 from speedtrap._errors import ManifestError
 from speedtrap.isolate._commits import CommitTrees, git, history, open_repo, resolve_commits, resolve_rev
-from speedtrap.isolate._results import Config, Judgement, PatchRelation, Verdict
+from speedtrap.isolate._results import CommitPatch, Config, Judgement, PatchRelation, Verdict
 from speedtrap.isolate._spec import PatchSpec, TargetSpec
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
+MAX_DIFF_CHARS = 60_000  # per commit patch kept in the result (and the report)
 
 
 def resolve_commit_patches(
@@ -281,3 +282,22 @@ class CommitRelations:
     def close(self) -> None:
         if self.worktrees is not None:
             self.worktrees.close()
+
+
+def describe_commit_patches(target: TargetSpec, patches: Sequence[PatchSpec]) -> tuple[CommitPatch, ...]:
+    """Subject and diff of each commit patch (read from the repository), for the result and the report."""
+    if target.repo is None:
+        return ()
+    out = []
+    for p in patches:
+        if not p.commits:
+            continue
+        diff = "".join(
+            git(["show", "--no-color", "--no-ext-diff", "--format=commit %H%n%n    %s%n", "--patch", sha, "--"],
+                cwd=target.repo)
+            for sha in p.commits
+        )  # fmt: skip
+        if len(diff) > MAX_DIFF_CHARS:
+            diff = diff[:MAX_DIFF_CHARS] + f"\n... ({len(diff) - MAX_DIFF_CHARS} more characters: git show)\n"
+        out.append(CommitPatch(p.name, p.commits, p.summary, diff))
+    return tuple(out)
