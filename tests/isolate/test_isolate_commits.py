@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from commit_stack import TINY_PROBE, CommitStack, git, make_stack, toml_text
 from typer.testing import CliRunner
 
@@ -306,3 +308,30 @@ def test_run_on_commit_patches_names_the_culprit_commit_in_the_report(stack: Com
     markdown = (out / "report.md").read_text()
     assert "### Commits" in markdown and "#### route_scale: " + stack.subjects["route_scale"] in markdown
     assert not list((tmp_path / "cache" / "worktrees").glob("repo-*"))
+
+
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> CommitStack:
+    return make_stack(tmp_path_factory.mktemp("shared"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    spec=st.one_of(
+        st.text(max_size=30),
+        st.sampled_from(["HEAD", "HEAD~1", "HEAD~1..HEAD", "HEAD~3..HEAD", "..", "a...b", "-x", "HEAD^{tree}"]),
+        st.builds(lambda h, n: h[:n], st.sampled_from(["0123456789abcdef" * 3]), st.integers(0, 45)),
+    )
+)
+def test_any_commit_spec_resolves_or_is_one_manifest_error(shared_stack: CommitStack, spec: str) -> None:
+    """Whatever a user writes as `commit`, the parser either resolves it to commits in base..HEAD or
+    raises a ManifestError (one line), never another exception."""
+    from speedtrap.isolate import PatchSpec, resolve_commits_in
+
+    try:
+        _, base, (patch,) = resolve_commits_in(shared_stack.repo, shared_stack.base, [PatchSpec("p", commit=spec)])
+    except ManifestError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    assert patch.commits and set(patch.commits) <= set(shared_stack.commits.values())
+    assert base == shared_stack.base

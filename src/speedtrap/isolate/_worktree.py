@@ -34,6 +34,11 @@ def resolve_commit_patches(
     """Full shas for every commit patch and for ``base``; every problem is one ManifestError line."""
     commit_patches = [p for p in patches if p.commit is not None]
     if target.repo is None:
+        if any("{worktree}" in a for a in [*target.launch, *(v for _, v in target.env)]):
+            raise ManifestError(
+                "target.launch or target.env uses {worktree} but the target names no repository",
+                'add repo = "path/to/checkout" and base = "<sha>" to [target]',
+            )
         if commit_patches:
             raise ManifestError(
                 f"patch {commit_patches[0].name!r} is a commit but the target names no repository",
