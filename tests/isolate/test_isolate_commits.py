@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from commit_stack import TINY_PROBE, CommitStack, git, make_stack, toml_text
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from commit_stack import TINY_PROBE, CommitStack, git, make_stack, toml_text
 from typer.testing import CliRunner
 
 from speedtrap._errors import ManifestError
@@ -246,6 +246,12 @@ def test_init_writes_a_manifest_triage_reads(stack: CommitStack, tmp_path: Path)
     scaled = by_name["router_apply_the_routed_scaling_factor_in_the_router"]
     assert scaled.patch.diff is not None and "return x * SCALE" in scaled.patch.diff
     assert scaled.patch.origin.startswith("commit ")
+    # Its plan says a commit patch is A/B'd by a switch (its commit in or out of the worktree), not a rebuild.
+    from speedtrap.triage import render_plan
+
+    plan = render_plan(report, patch_set.cli_args)
+    row = next(line for line in plan.splitlines() if line.startswith(f"| `{scaled.name}`"))
+    assert "switch (commit)" in row and "rebuild" not in row
     # A second init does not overwrite; a dirty repo is one line.
     again = CliRunner().invoke(
         app, ["init", "--repo", str(stack.repo), "--range", f"{stack.base}..HEAD", "-o", str(out)]

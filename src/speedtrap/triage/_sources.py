@@ -31,6 +31,7 @@ class PatchInput:
     gate: GateSpec | None = None  # declared gate; None when nobody said
     file_hint: str = ""  # the file a single-file diff applies to, when its paths do not say
     declared: dict[str, Any] = field(default_factory=dict, compare=False)  # kind, scope, phases
+    commits: tuple[str, ...] = ()  # a manifest's commit patch: switched per trial by a worktree
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,7 +163,7 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
         if mp.commits and manifest.repo is not None:
             diff = "".join(_commit_diff(manifest.repo, sha) for sha in mp.commits) or None
             origin = f"commit {mp.commits[0][:12]}" + (f"..{mp.commits[-1][:12]}" if len(mp.commits) > 1 else "")
-        patches.append(PatchInput(mp.name, diff, origin, mp.summary, mp.gate))
+        patches.append(PatchInput(mp.name, diff, origin, mp.summary, mp.gate, commits=mp.commits))
     args = ["--manifest", str(path)] + (["--tree", str(tree)] if tree else [])
     tmp = None
     tree = tree or manifest.tree
