@@ -9,8 +9,8 @@ repository or checkout. Every git call is an argument list, never a shell.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -76,7 +76,12 @@ def run_git(
 def _ok(args: Sequence[str], cwd: Path) -> bool:
     exe = shutil.which("git") or "git"
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    done = subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, check=False)  # noqa: S603
+    try:
+        done = subprocess.run(  # noqa: S603  (an argument list, no shell)
+            [exe, *args], cwd=cwd, env=env, capture_output=True, timeout=_GIT_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise GitFailed(f"git {args[0]} took over {_GIT_TIMEOUT_S} s", "check the repository") from None
     return done.returncode == 0
 
 
@@ -170,8 +175,12 @@ def resolve_commits(hist: RepoHistory, spec: str, where: str) -> tuple[str, ...]
     return tuple(sorted(shas, key=hist.position))
 
 
-def subset_key(base: str, commits: Sequence[str]) -> str:
-    return hashlib.sha256(" ".join([base, *commits]).encode()).hexdigest()[:16]
+def _check_git_version() -> None:
+    """``git merge-tree --write-tree`` (the in-memory cherry-pick) needs git 2.38 or newer."""
+    text = git(["version"]).strip()
+    numbers = [int(x) for x in re.findall(r"\d+", text)[:2]]
+    if len(numbers) == 2 and tuple(numbers) < (2, 38):
+        raise ManifestError(f"commit patches need git 2.38 or newer ({text})", "upgrade git")
 
 
 class CommitTrees:
@@ -185,6 +194,7 @@ class CommitTrees:
     def __init__(self, repo: Path, base: str, root: Path) -> None:
         self.repo = Path(repo)
         self.base = base
+        _check_git_version()
         root.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix="repo-", dir=root))
         self.git_dir = self.root / "repo.git"
