@@ -310,6 +310,8 @@ def test_run_on_commit_patches_names_the_culprit_commit_in_the_report(stack: Com
     assert rows["tuned_helper"]["relations"] == ["requires fused_helper (read off commits)"]
     html = (out / "report.html").read_text()
     assert "<h3>Commits</h3>" in html and "return x * SCALE" in html
+    sha = stack.commits["route_scale"][:10]
+    assert f"commit {sha}: {stack.subjects['route_scale']}" in " ".join(document["verdict"]["evidence"])
     assert triage_rows["route_scale"]["reasons"][0].split(":")[0] in html
     markdown = (out / "report.md").read_text()
     assert "### Commits" in markdown and "#### route_scale: " + stack.subjects["route_scale"] in markdown
