@@ -24,7 +24,7 @@ def smol() -> Iterator[InProcessModel]:
     """smol-moe with its eight patches plus the extra constructed ones; tests leave no patch applied."""
     from speedtrap.targets.smolmoe import SmolMoETarget
 
-    model = SmolMoETarget().load(extra_patches=True)
+    model = SmolMoETarget().load()
     yield model
     model.set_patches([])
 

@@ -6,16 +6,34 @@ the problem and the fix; the CLI prints that line and exits with code 2, never a
 
 from __future__ import annotations
 
+from pathlib import Path
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
 
 class SpeedtrapError(Exception):
-    """Base of every error speedtrap raises on purpose."""
+    """Base of every error speedtrap raises on purpose.
+
+    Fields, never attributes set later: ``problem`` and ``fix`` make the one line; ``code`` is a
+    machine-readable reason (``context_length_exceeded``) that callers test instead of the text;
+    ``log`` is the log file that explains it (a server's output), kept by the trial record.
+    """
 
     exit_code = 2
 
-    def __init__(self, problem: str, fix: str | None = None) -> None:
+    def __init__(
+        self, problem: str, fix: str | None = None, *, code: str | None = None, log: Path | None = None
+    ) -> None:
         self.problem = problem
         self.fix = fix
+        self.code = code
+        self.log = log
         super().__init__(self.one_line())
+
+    def with_log(self, log: Path) -> SpeedtrapError:
+        """The same error, naming the log that explains it."""
+        self.log = log
+        return self
 
     def one_line(self) -> str:
         return f"{self.problem} (fix: {self.fix})" if self.fix else self.problem

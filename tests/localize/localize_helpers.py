@@ -16,7 +16,7 @@ def user_patch(name: str) -> str:
 
 def with_user_patches(model: InProcessModel, *names: str) -> list[str]:
     """Add helper patches to a model's catalogue (idempotent); returns their entry-point names."""
-    from speedtrap.localize import load_user_patch
+    from speedtrap.targets import load_user_patch
 
     specs = [user_patch(n) for n in names]
     known = {p.info.name for p in model.catalog}

@@ -9,8 +9,8 @@ import torch
 from localize_helpers import user_patch, with_user_patches
 
 from speedtrap._errors import PatchError, TargetError, UsageError
-from speedtrap.localize import check_scale, default_ids, layer_diff, load_user_patch
-from speedtrap.targets import resolve_target
+from speedtrap.localize import check_scale, default_ids, layer_diff
+from speedtrap.targets import load_user_patch, resolve_target
 from speedtrap.targets._base import InProcessModel
 
 V4_MOE_LAYERS = {0: 1, 1: 1, 2: 1, 3: 1}  # two hash-routed, two top-k routed

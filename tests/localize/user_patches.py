@@ -69,3 +69,56 @@ def bf16_layer_2_o_proj(model: nn.Module) -> Undo:
     undo = Undo()
     undo.swap(attn, "o_proj", _Bf16Proj(attn.get_submodule("o_proj")))
     return undo
+
+
+class _SameMath(nn.Module):
+    """Calls the module it wraps: a kernel swap that computes exactly the same thing."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+
+def same_math_layer_1_mlp(model: nn.Module) -> Undo:
+    """Wrap layer 1's MLP in a module that calls it unchanged (harmless by construction)."""
+    layer = model.get_submodule("model.layers.1")
+    undo = Undo()
+    undo.swap(layer, "mlp", _SameMath(layer.get_submodule("mlp")))
+    return undo
+
+
+same_math_layer_1_mlp.speedtrap_kind = "kernel"  # type: ignore[attr-defined]
+same_math_layer_1_mlp.speedtrap_layers = (1,)  # type: ignore[attr-defined]
+factor_again_layer_1.speedtrap_kind = "scaling"  # type: ignore[attr-defined]
+factor_again_layer_1.speedtrap_layers = (1,)  # type: ignore[attr-defined]
+drop_factor_layer_2.speedtrap_kind = "scaling"  # type: ignore[attr-defined]
+drop_factor_layer_2.speedtrap_layers = (2,)  # type: ignore[attr-defined]
+
+
+class _Scaled(nn.Module):
+    """The wrapped module's output times a constant (a factor applied once more than it should be)."""
+
+    def __init__(self, inner: nn.Module, factor: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.factor = factor
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        out: Tensor = self.inner(*args, **kwargs)
+        return out * self.factor
+
+
+def mlp_times_2_25_first_3_layers(model: nn.Module) -> Undo:
+    """Multiply the MLP output of layers 0-2 by 2.25 (1.5 applied twice): the seed's double application."""
+    undo = Undo()
+    for i in range(3):
+        layer = model.get_submodule(f"model.layers.{i}")
+        undo.swap(layer, "mlp", _Scaled(layer.get_submodule("mlp"), 2.25))
+    return undo
+
+
+mlp_times_2_25_first_3_layers.speedtrap_kind = "scaling"  # type: ignore[attr-defined]
+mlp_times_2_25_first_3_layers.speedtrap_layers = (0, 1, 2)  # type: ignore[attr-defined]

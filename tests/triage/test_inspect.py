@@ -158,3 +158,46 @@ def test_redaction_rules() -> None:
         "m",
         "<redacted>",
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("GITHUB_TOKEN", True),
+        ("NPM_AUTHTOKEN", True),
+        ("OPENAI_API_KEY", True),
+        ("SPEEDTRAP_API_KEY", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("PGPASSWORD", True),
+        ("MYSQL_PASSWD", True),
+        ("DB_PWD", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("AUTHORIZATION", True),
+        ("SESSION_ID", True),
+        ("COOKIE_JAR", True),
+        ("--hf-token", True),
+        ("--api-key", True),
+        # Working directories, and names that only contain a secret word inside another word.
+        ("PWD", False),
+        ("OLDPWD", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("GIT_AUTHOR_NAME", False),
+        ("MONKEY_PATCH", False),
+        ("KEYBOARD", False),
+        ("HOME", False),
+        ("VLLM_PLUGINS", False),
+        ("SPEEDTRAP_SMOLMOE_FP8_KV_CACHE", False),
+    ],
+)
+def test_secret_name_rule(name: str, secret: bool) -> None:
+    from speedtrap.triage import secret_name
+
+    assert secret_name(name) is secret
+
+
+def test_working_directories_are_shown_not_redacted() -> None:
+    env, hidden = redact_env({"PWD": "/srv/app", "OLDPWD": "/root", "HF_TOKEN": "hf_abcdefghijk"})
+    assert hidden == ["HF_TOKEN"]
+    assert env["PWD"] == "/srv/app" and env["OLDPWD"] == "/root"

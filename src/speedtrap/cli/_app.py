@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from speedtrap._errors import SpeedtrapError
 
@@ -38,7 +39,10 @@ def emit_json(obj: Any) -> None:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` on stderr; the message is plain text (``[ray]`` stays ``[ray]``)."""
+    line = Text("error: ", style="bold red")
+    line.append(message)
+    err_console.print(line, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

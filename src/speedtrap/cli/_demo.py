@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Column
+from rich.markup import escape
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, fail, user_errors
 from speedtrap.cli._report import print_verdict
+from speedtrap.progress import RichProgress
 
 DEMO_DIR = Path("speedtrap-runs") / "demo"
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object on stdout.")]
@@ -23,45 +23,8 @@ QuickOpt = Annotated[
 ]
 
 
-class RichStages:
-    """One progress bar per stage on stderr."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.tasks: dict[str, TaskID] = {}
-
-    def _task(self, stage: str, total: int | None = None) -> TaskID:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.bar.add_task(stage, total=total, note="")
-        return self.tasks[stage]
-
-    def start(self, stage: str, total: int | None, detail: str = "") -> None:
-        task = self._task(stage, total)
-        self.bar.update(task, total=total, note=detail)
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
-        self.bar.update(self._task(stage), advance=n, note=detail)
-
-    def done(self, stage: str, status: str, detail: str = "") -> None:
-        task = self._task(stage)
-        total = self.bar.tasks[task].total
-        if status == "done":
-            completed = total if total is not None else self.bar.tasks[task].completed
-            self.bar.update(task, total=completed or 1, completed=completed or 1, note="done")
-        else:
-            self.bar.update(task, total=total or 1, note=f"{status}: {detail}"[:80])
-
-
-def _bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=9)),
-        BarColumn(bar_width=20),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}", style="dim", table_column=Column(no_wrap=True, overflow="ellipsis")),
-        console=err_console,
-        transient=False,
-    )
+def _bar() -> RichProgress:
+    return RichProgress(err_console)
 
 
 def _finish(result: Any, json: bool) -> None:
@@ -79,7 +42,7 @@ def _finish(result: Any, json: bool) -> None:
         )
     if result.errors:
         for line in result.errors:
-            err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
         raise fail(f"{len(result.errors)} stage(s) failed; the report shows what finished", 2)
 
 
@@ -91,19 +54,18 @@ def _command_line() -> str:
 @user_errors
 def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False) -> None:
     """The whole hunt on smol-moe and its eight patches: triage, probes, isolation, localization, report."""
-    from speedtrap.pipeline import run_pipeline
-    from speedtrap.pipeline._settings import demo_settings
+    from speedtrap.pipeline import demo_settings, run_pipeline
     from speedtrap.report import Source
 
     run_dir = out or DEMO_DIR
-    err_console.print(f"run directory: {run_dir}", highlight=False)
+    err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     with _bar() as bar:
         result = run_pipeline(
             run_dir,
             Source(target="smol-moe", quick=True),
             demo_settings(quick),
             command=_command_line(),
-            progress=RichStages(bar),
+            progress=bar,
         )
     _finish(result, json)
 
@@ -111,25 +73,61 @@ def demo_cmd(quick: QuickOpt = False, out: OutOpt = None, json: JsonOpt = False)
 @app.command("run")
 @user_errors
 def run_cmd(
-    manifest: Annotated[Path, typer.Option("--manifest", "-m", help="A speedtrap.toml describing the stack.")],
+    manifest: Annotated[
+        Path | None, typer.Option("--manifest", "-m", help="A speedtrap.toml describing the stack.")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="An in-process target: smol-moe or hf:<type|dir|gguf>.")
+    ] = None,
+    patches: Annotated[
+        str | None,
+        typer.Option("--patches", "-p", help="In-process: the patches to search, catalogue names or module:function."),
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="In-process config override key=value.")] = None,
+    symbol: Annotated[
+        str, typer.Option("--symbol", help="The factor triage traces and the scale check measures.")
+    ] = "routed_scaling_factor",
     quick: Annotated[bool, typer.Option("--quick", help="The probes' quick presets (CI-sized grids).")] = False,
     out: OutOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """The whole hunt on any stack described by a manifest (servers launched per configuration)."""
+    """The whole hunt on any stack: a manifest (servers launched per configuration) or an in-process
+    target with your own patches (``--target hf:deepseek_v4 --patches mypkg.patches:a,mypkg.patches:b``)."""
+    from speedtrap.patching import parse_patch_list
     from speedtrap.pipeline import PipelineSettings, run_pipeline
     from speedtrap.report import Source
+    from speedtrap.serve import parse_overrides
+    from speedtrap.targets import resolve_target, user_patches
 
-    if not manifest.is_file():
-        raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
-    run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
-    err_console.print(f"run directory: {run_dir}", highlight=False)
-    with _bar() as bar:
-        result = run_pipeline(
-            run_dir,
-            Source(manifest=str(manifest.resolve()), symbol=None, quick=quick),
-            PipelineSettings(quick=quick, localize=False),
-            command=_command_line(),
-            progress=RichStages(bar),
+    if (manifest is None) == (target is None):
+        raise UsageError(
+            "speedtrap run needs exactly one of --manifest and --target", "pass --manifest F or --target T"
         )
+    if manifest is not None:
+        if patches or set_:
+            raise UsageError("--patches/--set are for in-process targets", "list a manifest's patches in the manifest")
+        if not manifest.is_file():
+            raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
+        source = Source(manifest=str(manifest.resolve()), symbol=None, quick=quick)
+        settings = PipelineSettings(quick=quick, localize=False)
+        run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
+    else:
+        name = str(target)
+        resolve_target(name)  # an unknown target fails here, before any progress bar
+        names = tuple(parse_patch_list(patches))
+        user_patches(names)  # so does a bad entry point
+        overrides = parse_overrides(set_ or [])
+        source = Source(target=name, symbol=symbol or None, quick=quick, patches=names)
+        settings = PipelineSettings(quick=quick, patches=names or None, overrides=overrides)
+        run_dir = out or Path("speedtrap-runs") / f"run-{slug_of(name)}"
+    err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
+    with _bar() as bar:
+        result = run_pipeline(run_dir, source, settings, command=_command_line(), progress=bar)
     _finish(result, json)
+
+
+def slug_of(name: str) -> str:
+    """A folder name for a target: ``hf:deepseek_v4`` -> ``hf-deepseek_v4``."""
+    from speedtrap.rundir import slug
+
+    return slug(Path(name).name if "/" in name else name)

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
 from speedtrap.patching import parse_patch_list
+from speedtrap.progress import RichProgress
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 
@@ -62,8 +62,7 @@ def bisect_cmd(
     """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
     import dataclasses
 
-    from speedtrap.isolate import Hooks, isolate, make_executor
-    from speedtrap.isolate._defaults import build_manifest, default_run_dir
+    from speedtrap.isolate import build_manifest, default_run_dir, isolate, make_executor
 
     if (target is None) == (manifest is None):
         raise UsageError("give exactly one of --target or --manifest", "e.g. --target smol-moe")
@@ -93,36 +92,14 @@ def bisect_cmd(
     if spec.executor == "ray":
         err_console.print(f"ray: {runner.capacity} worker(s), one trial each", highlight=False)
     try:
-        with _progress() as bar:
-            trials = bar.add_task("trials", total=None)
-            suspects = bar.add_task("suspects left", total=max(1, len(spec.patches) or 8))
-
-            def on_trial(trial: object) -> None:
-                bar.advance(trials)
-
-            def on_search(state: object) -> None:
-                total = max(1, getattr(state, "total", 1))
-                left = int(getattr(state, "suspects_left", 0))
-                bar.update(suspects, total=total, completed=total - min(left, total))
-
-            result = isolate(spec, directory, resume=resume, executor=runner, hooks=Hooks(on_trial, on_search))
+        with RichProgress(err_console, transient=True) as bar:
+            result = isolate(spec, directory, resume=resume, executor=runner, progress=bar)
     finally:
         runner.close()
     if json:
         emit_json({"run_dir": str(directory), **result.to_json()})
         return
     _print(result)
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
 
 
 def _print(result: object) -> None:

@@ -12,7 +12,7 @@ from rich.table import Column, Table
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
 from speedtrap.patching import names_switched_on, parse_patch_list
-from speedtrap.targets import InProcessModel, resolve_target
+from speedtrap.targets import InProcessModel
 
 diff_app = typer.Typer(
     help="Compare a patched configuration with the baseline, module by module.", no_args_is_help=True
@@ -52,18 +52,10 @@ def _overrides(pairs: list[str] | None) -> dict[str, str]:
 
 def load_with_patches(target: str, patches: str | None, overrides: dict[str, str]) -> tuple[InProcessModel, list[str]]:
     """Load a target; user patches (``module:function``) join its catalogue. Returns the patch names."""
-    from speedtrap.localize import is_entry_point, load_user_patch
-    from speedtrap.targets.smolmoe import SmolMoETarget
+    from speedtrap.targets import load_target
 
-    resolved = resolve_target(target)
     names = parse_patch_list(patches)
-    user = [load_user_patch(n) for n in names if is_entry_point(n)]  # import errors before the slow load
-    if isinstance(resolved, SmolMoETarget):
-        model = resolved.load(overrides or None, extra_patches=True)
-    else:
-        model = resolved.load(overrides or None)
-    if user:
-        model.catalog = [*model.catalog, *user]
+    model = load_target(target, overrides, names)
     if patches is None:
         names = names_switched_on(model.patch_infos(), os.environ, model.config)
     return model, names
@@ -132,7 +124,9 @@ def diff_layers_cmd(
     out_console.print(growth)
     skipped = [m for m in result.modules if m.status != "compared"]
     if skipped:
-        out_console.print(f"{len(skipped)} modules not compared (other shapes or no counterpart); see --json")
+        out_console.print(
+            f"{len(skipped)} modules not compared (other shapes or no counterpart); see --json", markup=False
+        )
 
 
 @check_app.command("scale")

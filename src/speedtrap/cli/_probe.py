@@ -73,16 +73,16 @@ def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retr
     )
 
 
-def _load_smol(target: str, overrides: list[str] | None) -> Any:
+def _load_smol(target: str, overrides: list[str] | None, patches: str | None = None) -> Any:
+    """An in-process target with the user patches among ``patches`` (imported before the slow load)."""
+    from speedtrap.patching import parse_patch_list
     from speedtrap.serve import parse_overrides
-    from speedtrap.targets import resolve_target
-    from speedtrap.targets.smolmoe import SmolMoETarget
+    from speedtrap.targets import resolve_target, user_patches
 
     resolved = resolve_target(target)
+    extra = user_patches(parse_patch_list(patches))
     with err_console.status(f"loading {target}"):
-        if isinstance(resolved, SmolMoETarget):
-            return resolved.load(parse_overrides(overrides or []), extra_patches=True)
-        return resolved.load(parse_overrides(overrides or []))
+        return resolved.load(parse_overrides(overrides or []), extra)
 
 
 def _patch_names(model: Any, patches: str | None) -> list[str]:
@@ -138,7 +138,7 @@ def recall_cmd(
         backend = _http(target, model, concurrency, timeout, "openai", retries)
         asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
     else:
-        loaded = _load_smol(target, set_)
+        loaded = _load_smol(target, set_, patches)
         backend = InProcessBackend(loaded, _patch_names(loaded, patches))
     report = run_recall(backend, settings, results_path=results, resume=resume, progress=True)
     if json:
@@ -217,7 +217,7 @@ def divergence_cmd(
     else:
         if baseline and _is_url(baseline):
             raise UsageError("--baseline is a list of patches for an in-process target", "pass --baseline a,b")
-        loaded = _load_smol(target, set_)
+        loaded = _load_smol(target, set_, ",".join([patches or "", baseline or ""]))
         base = InProcessBackend(loaded, parse_patch_list(baseline))
         cand = InProcessBackend(loaded, _patch_names(loaded, patches))
     try:
@@ -254,4 +254,4 @@ def _print_divergence(report: DivergenceReport) -> None:
                           f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
         out_console.print(table)
     if report.approximation:
-        err_console.print(f"note: {report.approximation}", highlight=False)
+        err_console.print(f"note: {report.approximation}", highlight=False, markup=False)

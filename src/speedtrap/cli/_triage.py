@@ -102,7 +102,7 @@ def triage_cmd(
         return
     _print_report(report)
     if plan is not None:
-        err_console.print(f"plan written to {plan}")
+        err_console.print(f"plan written to {plan}", markup=False)
 
 
 def _print_report(report: object) -> None:
@@ -124,9 +124,9 @@ def _print_report(report: object) -> None:
                 out_console.print(f"    - {reason}", highlight=False, soft_wrap=True, markup=False)
     for p in report.patches:
         for d in p.doubles[:1]:
-            out_console.print(f"[bold red]warning:[/] {d.message}", highlight=False, soft_wrap=True)
+            out_console.print(f"[bold red]warning:[/] {escape(d.message)}", highlight=False, soft_wrap=True)
     for w in report.warnings:
-        err_console.print(f"[yellow]note:[/] {w}", highlight=False)
+        err_console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
     if report.trace is not None:
         _print_sites(report.trace, warn=False)
 
@@ -141,7 +141,7 @@ def _print_sites(trace: object, warn: bool = True) -> None:
         table.add_row(s.where, s.function, role, "\n".join(s.guards) or "-")
     out_console.print(table)
     for d in trace.double_applications if warn else []:
-        out_console.print(f"[bold red]warning:[/] {d.message}", highlight=False, soft_wrap=True)
+        out_console.print(f"[bold red]warning:[/] {escape(d.message)}", highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
@@ -169,7 +169,7 @@ def inspect_cmd(
     for g in report.gates:
         table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
     out_console.print(table)
-    out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False)
+    out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False, markup=False)
     if report.other_switches:
         out_console.print(
             "other switch-like variables: " + ", ".join(f"{k}={v}" for k, v in report.other_switches.items()),
@@ -177,4 +177,4 @@ def inspect_cmd(
             soft_wrap=True,
         )
     if report.redacted:
-        out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False)
+        out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False, markup=False)

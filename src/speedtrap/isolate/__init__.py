@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from speedtrap._stats import wilson
 from speedtrap.isolate._commits import CommitConflict, CommitTrees
+from speedtrap.isolate._defaults import DEFAULT_PROBE, DEFAULT_VERDICT, build_manifest, default_run_dir
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import (
     Executor,
@@ -33,6 +34,7 @@ from speedtrap.isolate._manifest import (
     VerdictSpec,
     load_isolate_manifest,
     parse_manifest,
+    parse_patches,
 )
 from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
 from speedtrap.isolate._ray import RayExecutor, TrialResources
@@ -51,9 +53,9 @@ from speedtrap.isolate._results import (
     Verdict,
 )
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
-from speedtrap.isolate._run import Hooks, isolate, load_in_process, make_executor, manifest_for_target
+from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
-from speedtrap.isolate._store import TrialStore, trial_key
+from speedtrap.isolate._store import TrialStore, stored_trials, trial_key
 from speedtrap.isolate._worktree import (
     Worktrees,
     commit_order,
@@ -63,6 +65,8 @@ from speedtrap.isolate._worktree import (
 )
 
 __all__ = [
+    "DEFAULT_PROBE",
+    "DEFAULT_VERDICT",
     "CommandNotFound",
     "CommitConflict",
     "CommitPatch",
@@ -71,7 +75,6 @@ __all__ = [
     "Evaluator",
     "Executor",
     "FunctionOracle",
-    "Hooks",
     "InProcessOracle",
     "Interaction",
     "InteractionKind",
@@ -107,8 +110,10 @@ __all__ = [
     "Verdict",
     "VerdictSpec",
     "Worktrees",
+    "build_manifest",
     "commit_order",
     "commit_target_fields",
+    "default_run_dir",
     "free_port",
     "isolate",
     "launch",
@@ -119,10 +124,12 @@ __all__ = [
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",
+    "parse_patches",
     "resolve_commits_in",
     "rule_from_spec",
     "run_trial",
     "scan_relations",
+    "stored_trials",
     "trial_key",
     "wilson",
 ]

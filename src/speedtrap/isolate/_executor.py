@@ -98,7 +98,7 @@ def run_trial(oracle: Oracle, request: TrialRequest, retries: int) -> TrialOutco
             raise
         except (ServerError, ProbeError) as exc:
             last_error = exc.one_line()
-            last_log = getattr(exc, "log_path", None)
+            last_log = str(exc.log) if exc.log is not None else None
             continue
         return TrialOutcome(measurement, None, measurement.log_path, attempt, started, time.time())
     return TrialOutcome(None, last_error, last_log, retries + 1, started, time.time())

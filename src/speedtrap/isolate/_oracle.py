@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -31,6 +31,9 @@ from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, sta
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
 from speedtrap.isolate._worktree import Worktrees
+
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
 
 
 def _version() -> str:
@@ -128,25 +131,18 @@ def _write_report(request: TrialRequest, report: Any) -> str | None:
     return str(path)
 
 
-def load_target_model(target: TargetSpec, extra_patches: bool = False) -> Any:
-    """Load an in-process target by name (with its extra constructed patches when asked)."""
-    from speedtrap.targets import resolve_target
+def load_target_model(target: TargetSpec, patches: Sequence[str] = ()) -> InProcessModel:
+    """Load an in-process target by name, the user patches among ``patches`` in its catalogue."""
+    from speedtrap.targets import load_target
 
-    loader = resolve_target(str(target.name))
-    overrides = dict(target.overrides) or None
-    if extra_patches and hasattr(loader, "load"):
-        try:
-            return loader.load(overrides, extra_patches=True)  # type: ignore[call-arg]
-        except TypeError:
-            pass
-    return loader.load(overrides)
+    return load_target(str(target.name), dict(target.overrides) or None, patches)
 
 
 def build_in_process_oracle(
-    target: TargetSpec, probe: ProbeSpec, always_on: tuple[str, ...], extra_patches: bool
+    target: TargetSpec, probe: ProbeSpec, always_on: tuple[str, ...], patches: tuple[str, ...]
 ) -> InProcessOracle:
     """An in-process oracle built from scratch (the recipe another process runs)."""
-    return InProcessOracle(load_target_model(target, extra_patches), target, probe, always_on, extra_patches)
+    return InProcessOracle(load_target_model(target, patches), target, probe, always_on, patches)
 
 
 class InProcessOracle:
@@ -158,17 +154,17 @@ class InProcessOracle:
         target: TargetSpec,
         probe: ProbeSpec,
         always_on: Sequence[str] = (),
-        extra_patches: bool = False,
+        patches: Sequence[str] = (),
     ) -> None:
         self.model = model
         self.target = target
         self.probe = probe
         self.always_on = tuple(always_on)
-        self.extra_patches = extra_patches  # how the model was loaded: the recipe loads it the same way
+        self.patches = tuple(patches)  # the patches searched: the recipe loads the user's among them the same way
         self._baseline: Any = None  # one baseline backend: its logits are computed once per sequence
 
     def recipe(self) -> OracleRecipe:
-        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.extra_patches)
+        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.patches)
 
     def identity(self) -> dict[str, object]:
         return {
@@ -342,9 +338,8 @@ class ServerOracle:
 
 
 def _with_log(exc: SpeedtrapError, log: Path) -> SpeedtrapError:
-    """Attach the trial's log path to an error (the trial record keeps it)."""
-    exc.log_path = str(log)  # type: ignore[attr-defined]
-    return exc
+    """The error naming the trial's log (the trial record keeps it)."""
+    return exc.with_log(log)
 
 
 def run_command_probe(spec: ProbeSpec, base_url: str, request: TrialRequest) -> dict[str, float]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
 from speedtrap.isolate._evaluate import Evaluator
@@ -19,6 +19,10 @@ from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
 from speedtrap.isolate._worktree import CommitRelations, declared_relations, describe_commit_patches, merged
+from speedtrap.progress import NoProgress, Progress
+
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
 
 RESULT_NAME = "result.json"
 UNGATED_NOTE = (
@@ -28,12 +32,30 @@ UNGATED_NOTE = (
 )
 
 
-@dataclasses.dataclass
-class Hooks:
-    """Progress callbacks: each finished (or reused) trial, and the search's suspects left."""
+TRIALS_TASK = "isolate"
+SUSPECTS_TASK = "suspects left"
 
-    on_trial: Callable[[Trial], None] | None = None
-    on_search: Callable[[SearchProgress], None] | None = None
+
+class _ProgressHooks:
+    """The search's callbacks as progress: trials run (total unknown) and suspects left."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.total: int | None = None
+        self.cleared = 0
+
+    def on_trial(self, trial: Trial) -> None:
+        self.progress.advance(TRIALS_TASK, 1, " + ".join(trial.config) or "baseline")
+
+    def on_search(self, state: SearchProgress) -> None:
+        total = max(1, state.total)
+        if total != self.total:
+            self.progress.start(SUSPECTS_TASK, total)
+            self.total = total
+        cleared = total - min(state.suspects_left, total)
+        if cleared != self.cleared:
+            self.progress.advance(SUSPECTS_TASK, cleared - self.cleared)
+            self.cleared = cleared
 
 
 def manifest_for_target(
@@ -56,18 +78,20 @@ def manifest_for_target(
     )
 
 
-def needs_extra_patches(manifest: IsolateManifest) -> bool:
-    """Whether the manifest names patches beyond the target's own (its extra constructed ones)."""
-    known = {i.name for i in _base_infos(manifest)}
-    return any(p.name not in known for p in manifest.patches)
+def searched_names(manifest: IsolateManifest) -> tuple[str, ...]:
+    """The patch names the manifest lists (user ``module:function`` patches are loaded from these)."""
+    return tuple(p.name for p in manifest.patches)
 
 
-def load_in_process(manifest: IsolateManifest) -> Any:
-    """Load the manifest's in-process target (with its extra constructed patches if one is named)."""
-    return load_target_model(manifest.target, needs_extra_patches(manifest))
+def load_in_process(manifest: IsolateManifest) -> InProcessModel:
+    """Load the manifest's in-process target, the user patches it names in its catalogue."""
+    return load_target_model(manifest.target, searched_names(manifest))
 
 
-def _in_process_patches(manifest: IsolateManifest, model: Any) -> tuple[PatchSpec, ...]:
+def _in_process_patches(manifest: IsolateManifest, model: InProcessModel) -> tuple[PatchSpec, ...]:
+    from speedtrap.targets import user_patches
+
+    model.add_patches(user_patches(searched_names(manifest)))  # a model loaded by the caller gets them too
     catalog = [p.info.name for p in model.catalog]
     if not manifest.patches:  # the target's own patches (not the extra constructed ones)
         base = {i.name for i in _base_infos(manifest)}
@@ -91,9 +115,9 @@ def isolate(
     manifest: IsolateManifest,
     run_dir: Path | None,
     resume: bool = False,
-    model: Any = None,
+    model: InProcessModel | None = None,
     executor: Executor | None = None,
-    hooks: Hooks | None = None,
+    progress: Progress | None = None,
     check_interactions: bool = True,
     oracle: Oracle | None = None,
 ) -> IsolateResult:
@@ -105,7 +129,8 @@ def isolate(
     owned = executor is None
     executor = executor if executor is not None else make_executor(manifest)
     try:
-        return _isolate(manifest, run_dir, resume, model, executor, hooks or Hooks(), check_interactions, oracle)
+        hooks = _ProgressHooks(progress or NoProgress())
+        return _isolate(manifest, run_dir, resume, model, executor, hooks, check_interactions, oracle)
     finally:
         if owned:
             executor.close()
@@ -115,9 +140,9 @@ def _isolate(
     manifest: IsolateManifest,
     run_dir: Path | None,
     resume: bool,
-    model: Any,
+    model: InProcessModel | None,
     executor: Executor,
-    hooks: Hooks,
+    hooks: _ProgressHooks,
     check_interactions: bool,
     oracle: Oracle | None,
 ) -> IsolateResult:
@@ -128,7 +153,7 @@ def _isolate(
             patches = _in_process_patches(manifest, model)
             check_relations(patches)
             always = [p.name for p in patches if p.ungated]
-            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, needs_extra_patches(manifest))
+            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest))
         else:
             oracle = ServerOracle(manifest.target, patches, manifest.probe)
     names = [p.name for p in patches]

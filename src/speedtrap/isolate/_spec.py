@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedtrap.patching import Gate, GateKind
+
 EXECUTORS = ("local", "ray")
 PROBE_KINDS = ("divergence", "recall", "command")
 RULES = ("threshold", "recall_drop")
@@ -32,12 +34,23 @@ class PatchSpec:
     commit_rank: tuple[int, ...] = field(default=(), compare=False)  # each commit's place in base..HEAD
 
     @property
-    def gate(self) -> str:
+    def gate(self) -> Gate:
+        """How it is switched on (one of the patching module's gates)."""
         if self.ungated:
-            return "ungated"
-        if self.commit is not None and not (self.env or self.args or self.config):
-            return "commit"
-        return "env" if self.env else "flag" if self.args else "config" if self.config else "in-process"
+            kind = GateKind.UNGATED
+        elif self.commit is not None and not (self.env or self.args or self.config):
+            kind = GateKind.COMMIT
+        else:
+            kind = (
+                GateKind.ENV
+                if self.env
+                else GateKind.FLAG
+                if self.args
+                else GateKind.CONFIG
+                if self.config
+                else GateKind.IN_PROCESS
+            )
+        return Gate(kind, self.env, self.args, self.config)
 
     def switch(self) -> dict[str, Any]:
         """What turns it on: part of a trial's identity (changing a switch changes the trial)."""
@@ -49,7 +62,7 @@ class PatchSpec:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "gate": self.gate,
+            "gate": self.gate.kind.value,
             **self.switch(),
             "diff": str(self.diff) if self.diff else None,
             "summary": self.summary,

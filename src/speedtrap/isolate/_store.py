@@ -222,6 +222,24 @@ class TrialStore:
         return int(row[0])
 
 
+def stored_trials(run_dir: Path) -> list[Trial]:
+    """The trials an isolate run directory holds, oldest first, read-only (no lock, nothing written):
+    how the other stages read a search, finished or killed half-way. A missing store is no trials;
+    an unreadable one is a :class:`StoreError`."""
+    db = Path(run_dir) / DB_NAME
+    if not db.exists():
+        return []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
+        try:
+            rows = con.execute(f"SELECT {_COLUMNS} FROM trials ORDER BY id").fetchall()
+        finally:
+            con.close()
+        return [_trial(r, False) for r in rows]
+    except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"{db} is unreadable ({exc})", "rerun the search with --resume, or delete the file") from None
+
+
 _COLUMNS = (
     "id, run_id, config, repeat, status, outcome, figures, error, log_path, report_path, attempts,"
     " started, finished, launch_s, probe_s"

@@ -19,7 +19,6 @@ from speedtrap.localize._results import (
     ScaleUnit,
 )
 from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
-from speedtrap.localize._userpatch import UserPatch, is_entry_point, load_user_patch
 
 __all__ = [
     "DEFAULT_PARAM",
@@ -31,11 +30,8 @@ __all__ = [
     "PinnedSite",
     "ScaleCheckResult",
     "ScaleUnit",
-    "UserPatch",
     "check_scale",
     "default_ids",
-    "is_entry_point",
     "layer_diff",
-    "load_user_patch",
     "shared_copy",
 ]

@@ -6,7 +6,7 @@ import torch
 
 from speedtrap._errors import UsageError
 from speedtrap.data import filler_paragraphs
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel
 
 SEED = 0
 

@@ -36,7 +36,7 @@ from speedtrap.localize._pairing import (
 )
 from speedtrap.localize._results import LayerDiffResult, ModuleDiff, layer_of, layer_prefix
 from speedtrap.localize._stats import Accumulator, as_rows, compare_rows, position_edges
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel
 
 # Measured on smol-moe (64 and 1,024 tokens; see the README's localize section): harmless kernel
 # swaps stay below 1e-10 everywhere, logits included (float reordering grows across 30 layers from

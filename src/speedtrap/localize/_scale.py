@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from speedtrap._errors import UsageError
 from speedtrap.localize._pairing import float_tensors
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"
 DEFAULT_MULTIPLIERS = (0.5, 1.0, 2.0, 4.0)

@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from speedtrap.pipeline._context import NoProgress, Progress
 from speedtrap.pipeline._run import PipelineResult, run_pipeline
-from speedtrap.pipeline._settings import PipelineSettings
+from speedtrap.pipeline._settings import PipelineSettings, demo_settings
+from speedtrap.progress import NoProgress, Progress
 
-__all__ = ["NoProgress", "PipelineResult", "PipelineSettings", "Progress", "run_pipeline"]
+__all__ = ["NoProgress", "PipelineResult", "PipelineSettings", "Progress", "demo_settings", "run_pipeline"]

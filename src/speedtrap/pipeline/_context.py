@@ -7,31 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from speedtrap.pipeline._settings import PipelineSettings, stable_key
+from speedtrap.progress import Progress
 from speedtrap.report import Part, RunRecord, Source, load_part, save_part
 
-
-class Progress(Protocol):
-    """Per-stage progress: a stage starts (with a total if known), advances, ends with a status."""
-
-    def start(self, stage: str, total: int | None, detail: str = "") -> None: ...
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None: ...
-
-    def done(self, stage: str, status: str, detail: str = "") -> None: ...
-
-
-class NoProgress:
-    def start(self, stage: str, total: int | None, detail: str = "") -> None:
-        pass
-
-    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
-        pass
-
-    def done(self, stage: str, status: str, detail: str = "") -> None:
-        pass
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
 
 
 @dataclass
@@ -41,7 +24,7 @@ class Context:
     settings: PipelineSettings
     record: RunRecord
     progress: Progress
-    model: Any = None  # an InProcessModel, loaded on first use (a fully reused run never loads it)
+    model: InProcessModel | None = None  # loaded on first use (a fully reused run never loads it)
     manifest: Any = None  # the IsolateManifest of a --manifest run
     reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
     computed: list[str] = field(default_factory=list)
@@ -49,7 +32,7 @@ class Context:
     def save_record(self) -> None:
         self.record.save(self.run_dir)
 
-    def in_process_model(self) -> Any:
+    def in_process_model(self) -> InProcessModel:
         if self.model is None:
             from speedtrap.isolate import load_in_process, manifest_for_target
 

@@ -12,14 +12,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap.pipeline import _stages
-from speedtrap.pipeline._context import Context, NoProgress, Progress
+from speedtrap.pipeline._context import Context
 from speedtrap.pipeline._settings import PipelineSettings
+from speedtrap.progress import NoProgress, Progress
 from speedtrap.report import ReportData, RunRecord, Source, load_report_data, write_report
-from speedtrap.report._layout import now_iso
+from speedtrap.rundir import now_iso
+
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
 
 
 @dataclass
@@ -88,7 +92,7 @@ def run_pipeline(
     settings: PipelineSettings | None = None,
     *,
     command: str = "",
-    model: Any = None,
+    model: InProcessModel | None = None,
     progress: Progress | None = None,
 ) -> PipelineResult:
     """Run every stage into ``run_dir`` (reusing what an earlier run with the same settings stored)."""
@@ -124,7 +128,11 @@ def run_pipeline(
         _stages.probe(ctx, "recall", "all patches", "all", all_patches)
         progress.advance("probes", 1, "recall: all patches")
 
-    _stage(ctx, "probes", seconds, errors, probes)
+    no_chat = _stages.why_no_chat(ctx)
+    if no_chat:
+        _skip(ctx, "probes", no_chat)
+    else:
+        _stage(ctx, "probes", seconds, errors, probes)
     result = _stage(ctx, "isolate", seconds, errors, lambda: _stages.isolate_stage(ctx, prior))
     culprits = [c.patches for c in result.culprits] if result is not None else []
     if result is not None:
@@ -139,7 +147,7 @@ def run_pipeline(
                 if _stages.from_trial_report(ctx, spec, result, config, label, role) is None:
                     _stages.probe(ctx, "divergence", label, role, config)
                 progress.advance("evidence", 1, f"divergence: {label}")
-                if role == "culprit":
+                if role == "culprit" and not no_chat:
                     _stages.probe(ctx, "recall", label, role, config)
                 progress.advance("evidence", 1, f"recall: {label}")
 

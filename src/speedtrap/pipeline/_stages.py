@@ -13,11 +13,12 @@ from typing import Any
 
 from speedtrap._errors import SpeedtrapError
 from speedtrap.pipeline._context import Context
-from speedtrap.report import Part, _commands
-from speedtrap.report._layout import (
+from speedtrap.report import commands
+from speedtrap.rundir import (
     ISOLATE_DIR,
     PROBES_DIR,
     TRIAGE_FILE,
+    Part,
     divergence_path,
     layers_path,
     patches_slug,
@@ -36,7 +37,7 @@ def triage_stage(ctx: Context) -> dict[str, Any]:
 
     def make(key: str) -> Part:
         if ctx.source.in_process:
-            patch_set = from_target(str(ctx.source.target), None)
+            patch_set = from_target(str(ctx.source.target), None, ctx.settings.patches or ())
         else:
             patch_set = from_manifest(Path(str(ctx.source.manifest)), None)
         try:
@@ -45,7 +46,7 @@ def triage_stage(ctx: Context) -> dict[str, Any]:
             plan = render_plan(report, patch_set.cli_args)
         finally:
             patch_set.close()
-        return Part("triage", report.to_json(), command=_commands.triage(ctx.source), extra={"plan_markdown": plan})
+        return Part("triage", report.to_json(), command=commands.triage(ctx.source), extra={"plan_markdown": plan})
 
     ctx.progress.start("triage", 1)
     part = ctx.part(ctx.run_dir / TRIAGE_FILE, ("triage", ctx.source.symbol), make)
@@ -58,6 +59,21 @@ def tier_one(triage_json: dict[str, Any]) -> list[str]:
 
 
 # -- probes -------------------------------------------------------------------------------------
+
+
+def why_no_chat(ctx: Context) -> str | None:
+    """Why planted-fact recall cannot run on this source (None when it can): it needs chats, so a
+    tokenizer and a chat template; a tiny random-weight model has neither."""
+    if not ctx.source.in_process:
+        return None
+    from speedtrap.targets import resolve_target
+
+    target = resolve_target(str(ctx.source.target))
+    if not target.chats:
+        return (
+            f"recall needs a tokenizer and a chat template; {target.name} has none (divergence runs on synthetic ids)"
+        )
+    return None
 
 
 def _probe_spec(ctx: Context, kind: str) -> Any:
@@ -101,7 +117,7 @@ def probe(ctx: Context, kind: str, label: str, role: str, config: Sequence[str])
     patches = tuple(config)
     spec = _probe_spec(ctx, kind)
     path = recall_path(ctx.run_dir, patches) if kind == "recall" else divergence_path(ctx.run_dir, patches)
-    command = (_commands.recall if kind == "recall" else _commands.divergence)(ctx.source, patches, spec.settings)
+    command = (commands.recall if kind == "recall" else commands.divergence)(ctx.source, patches, spec.settings)
 
     def make(key: str) -> Part:
         return Part(kind, _measure(ctx, kind, patches), label, role, patches, command)
@@ -133,7 +149,7 @@ def from_trial_report(
             continue
         patches = tuple(config)
         part = Part(
-            "divergence", doc, label, role, patches, _commands.divergence(ctx.source, patches, mine.settings),
+            "divergence", doc, label, role, patches, commands.divergence(ctx.source, patches, mine.settings),
             extra={"from_trial": trial.index},
         )  # fmt: skip
         path = divergence_path(ctx.run_dir, patches)
@@ -149,8 +165,7 @@ def _same(part: Part, key: str) -> Part:
 
 
 def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
-    from speedtrap.isolate import manifest_for_target
-    from speedtrap.isolate._defaults import DEFAULT_PROBE, DEFAULT_VERDICT
+    from speedtrap.isolate import DEFAULT_PROBE, DEFAULT_VERDICT, manifest_for_target
 
     if ctx.source.in_process:
         probe = dataclasses.replace(DEFAULT_PROBE, preset=ctx.settings.preset, settings=dict(ctx.settings.divergence))
@@ -169,7 +184,7 @@ def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
 
 def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
     """The culprit search (trials kept in ``isolate/trials.sqlite``; a rerun reuses every stored trial)."""
-    from speedtrap.isolate import Hooks, IsolateResult, isolate
+    from speedtrap.isolate import IsolateResult, isolate
 
     spec = isolation_spec(ctx, prior)
     folder = ctx.run_dir / ISOLATE_DIR
@@ -186,10 +201,9 @@ def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     ctx.progress.start("isolate", None)
-    hooks = Hooks(on_trial=lambda trial: ctx.progress.advance("isolate", 1, " + ".join(trial.config) or "baseline"))
     model = ctx.in_process_model() if ctx.source.in_process else None
-    result = isolate(spec, folder, resume=True, model=model, hooks=hooks)
-    from speedtrap.report._io import write_atomic
+    result = isolate(spec, folder, resume=True, model=model, progress=ctx.progress)
+    from speedtrap.rundir import write_atomic
 
     write_atomic(key_file, key)
     ctx.computed.append(f"{ISOLATE_DIR}/result.json")
@@ -211,7 +225,7 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
         def make_layers(key: str, patches: tuple[str, ...] = patches) -> Part:
             model = ctx.in_process_model()
             result = layer_diff(model, list(patches), default_ids(model, tokens))
-            command = _commands.layers(ctx.source, patches, tokens)
+            command = commands.layers(ctx.source, patches, tokens)
             return Part("layers", result.to_json(), patches=patches, command=command)
 
         ctx.part(layers_path(ctx.run_dir, patches), ("layers", sorted(patches), tokens), make_layers)
@@ -223,7 +237,7 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
             model = ctx.in_process_model()
             values = ctx.settings.scale_values
             result = check_scale(model, default_ids(model, tokens), symbol, patches=list(patches), values=values)
-            command = _commands.scale(ctx.source, patches, tokens, values)
+            command = commands.scale(ctx.source, patches, tokens, values)
             return Part("scale", result.to_json(), patches=patches, command=command)
 
         values = None if ctx.settings.scale_values is None else list(ctx.settings.scale_values)

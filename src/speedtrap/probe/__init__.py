@@ -13,7 +13,7 @@ from speedtrap.probe._divergence import (
     arun_divergence,
     run_divergence,
 )
-from speedtrap.probe._engine import Engine, Generation
+from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
@@ -38,11 +38,13 @@ __all__ = [
     "RecallReport",
     "RecallSample",
     "RecallSettings",
+    "StepLogprobs",
     "TokenDist",
     "arun_divergence",
     "arun_recall",
     "build_conversation",
     "run_divergence",
     "run_recall",
+    "top_logprobs",
     "wilson",
 ]

@@ -26,6 +26,7 @@ from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
 from speedtrap.probe._stats import KLStats, PositionStat, summarize
 from speedtrap.probe._store import ResultsFile
+from speedtrap.progress import Progress
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -257,7 +258,7 @@ async def arun_divergence(
     *,
     results_path: Path | None = None,
     resume: bool = False,
-    progress: bool = True,
+    progress: Progress | bool = False,
 ) -> DivergenceReport:
     """The divergence probe, async (see :func:`run_divergence`)."""
     started = time.perf_counter()
@@ -313,7 +314,7 @@ def run_divergence(
     *,
     results_path: Path | None = None,
     resume: bool = False,
-    progress: bool = True,
+    progress: Progress | bool = False,
 ) -> DivergenceReport:
     """Compare ``candidate``'s next-token distributions to ``baseline``'s, in prefill and decode.
 

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from speedtrap._errors import ProbeError
-from speedtrap.targets._base import InProcessModel
+from speedtrap._errors import CONTEXT_LENGTH_EXCEEDED, ProbeError
+from speedtrap.targets import InProcessModel
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -54,6 +54,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _stop_ids(tok: Any) -> set[int]:
+    """End-of-turn token ids (none for a model without a tokenizer: it decodes to the token limit)."""
+    if tok is None:
+        return set()
+    stops = {tok.eos_token_id, *(tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))}
+    return {int(t) for t in stops if isinstance(t, int) and t != tok.unk_token_id}
+
+
 class Engine:
     """Runs one in-process model for many callers; a lock serializes them (patches are global state)."""
 
@@ -63,9 +71,7 @@ class Engine:
         self._prefixes: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], Any] = OrderedDict()
         self._lock = threading.Lock()
         self.context = int(model.config.get("max_positions", DEFAULT_CONTEXT))
-        tok = model.tokenizer
-        stops = {tok.eos_token_id, *(tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))}
-        self.stop_ids = {int(t) for t in stops if isinstance(t, int) and t != tok.unk_token_id}
+        self.stop_ids = _stop_ids(model.tokenizer)
         self.prefills = 0  # prefix prefills computed (a cache miss each); tests and benchmarks read it
 
     # -- requests ---------------------------------------------------------------------------
@@ -132,6 +138,7 @@ class Engine:
                 f"prompt of {prompt_tokens} tokens plus {max_tokens} new tokens exceeds the context of "
                 f"{self.context} tokens",
                 "use shorter prompts",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
 
     # -- internals ---------------------------------------------------------------------------

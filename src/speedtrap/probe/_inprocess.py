@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from speedtrap.patching import select_patches
 from speedtrap.probe._backend import STOP, ChatAnswer, Message, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._engine import Engine, StepLogprobs, top_logprobs
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -24,6 +24,11 @@ def token_name(token_id: int) -> str:
 def _dist(step: StepLogprobs, truth: int | None = None) -> TokenDist:
     token = step.token if truth is None else truth
     return TokenDist(token_name(token), step.logprob, {token_name(t): lp for t, lp in step.top})
+
+
+def _synthetic_count(messages: Sequence[Message]) -> int:
+    """The length a tokenizer-less model's stand-in ids get: about four characters a token."""
+    return sum(len(m["content"]) // 4 + 4 for m in messages)
 
 
 class InProcessBackend:
@@ -53,12 +58,18 @@ class InProcessBackend:
         return ChatAnswer(gen.text, gen.prompt_tokens, len(gen.token_ids), gen.finish_reason)
 
     async def count_tokens(self, messages: list[Message]) -> int:
+        if self.model.tokenizer is None:
+            return _synthetic_count(messages)
         return len(self.model.chat_ids(messages))
 
     async def render(self, messages: list[Message]) -> list[int]:
+        if self.model.tokenizer is None:  # no tokenizer: seeded ids of the same length stand in for the text
+            return self.model.synthetic_ids(repr(messages), _synthetic_count(messages))
         return self.model.chat_ids(messages, add_generation_prompt=False)
 
     def _ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str) and self.model.tokenizer is None:
+            return self.model.synthetic_ids(prompt, _synthetic_count([{"role": "user", "content": prompt}]))
         if isinstance(prompt, str):
             return [int(t) for t in self.model.tokenizer.encode(prompt, add_special_tokens=False)]
         return [int(t) for t in prompt]

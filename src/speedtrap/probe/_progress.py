@@ -1,21 +1,31 @@
-"""Progress bars on stderr (stdout carries JSON)."""
+"""A probe's progress, through the one progress protocol (``speedtrap.progress``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from speedtrap.progress import NoProgress, Progress, RichProgress
 
 
 @contextmanager
-def progress_bar(enabled: bool, description: str, total: int, completed: int = 0) -> Iterator[Callable[[], None]]:
-    """Yields ``advance()``; a rich progress bar on stderr when ``enabled``."""
-    if not enabled:
-        yield lambda: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=total, completed=completed)
-        yield lambda: bar.advance(task)
+def progress_bar(
+    progress: Progress | bool, description: str, total: int, completed: int = 0
+) -> Iterator[Callable[[], None]]:
+    """Yields ``advance()``. ``progress`` is a :class:`Progress`, or ``True`` for a transient bar on
+    stderr (the CLI's), ``False`` for none."""
+    owned: Any = nullcontext()
+    if progress is True:
+        owned = RichProgress(transient=True)
+        sink: Progress = owned
+    elif progress is False:
+        sink = NoProgress()
+    else:
+        sink = progress
+    with owned:
+        sink.start(description, total)
+        if completed:
+            sink.advance(description, completed)
+        yield lambda: sink.advance(description)
+        sink.done(description, "done")

@@ -24,6 +24,7 @@ from speedtrap.probe._backend import Backend
 from speedtrap.probe._conversations import KEYS, Conversation, Fact, build_conversation
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._store import ResultsFile
+from speedtrap.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ async def arun_recall(
     *,
     results_path: Path | None = None,
     resume: bool = False,
-    progress: bool = True,
+    progress: Progress | bool = False,
 ) -> RecallReport:
     """The recall probe, async (see :func:`run_recall`)."""
     started = time.perf_counter()
@@ -248,7 +249,7 @@ def run_recall(
     *,
     results_path: Path | None = None,
     resume: bool = False,
-    progress: bool = True,
+    progress: Progress | bool = False,
 ) -> RecallReport:
     """Run the recall probe on ``backend``; finished samples go to ``results_path`` as JSON lines."""
     return asyncio.run(arun_recall(backend, settings, results_path=results_path, resume=resume, progress=progress))

@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedtrap._shapes import CulpritSet as Culprit  # the report's name for it
-from speedtrap.report._commands import Source
+from speedtrap.report import _commands as commands
 from speedtrap.report._data import FigureRef, MissingPart, ReportData, RunInfo, StageInfo
 from speedtrap.report._html import render_html
 from speedtrap.report._json import report_schema, schema_errors, validate_report, write_json
-from speedtrap.report._layout import Part, RunRecord, StageRecord, load_part, load_run_record, save_part
 from speedtrap.report._load import load_report_data
 from speedtrap.report._markdown import render_markdown
 from speedtrap.report._model import (
@@ -29,6 +28,7 @@ from speedtrap.report._model import (
 )
 from speedtrap.report._plan import draw_all
 from speedtrap.report._stages import IsolationSection, LayerSection, Localization, ScaleSection
+from speedtrap.rundir import Part, RunRecord, Source, StageRecord, load_part, load_run_record, save_part, write_atomic
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -52,6 +52,7 @@ __all__ = [
     "StageRecord",
     "TriageSection",
     "Verdict",
+    "commands",
     "load_part",
     "load_report_data",
     "load_run_record",
@@ -62,6 +63,7 @@ __all__ = [
     "save_part",
     "schema_errors",
     "validate_report",
+    "write_atomic",
     "write_json",
     "write_report",
 ]

@@ -59,6 +59,7 @@ def triage_section(doc: Mapping[str, Any], plan_markdown: str = "", command: str
                 scope=str(declared.get("scope", "")),
                 phases=tuple(str(x) for x in phases),
                 reasons=tuple(str(r) for r in ranking.get("reasons", [])),
+                diff_given=bool(p.get("diff_given", True)),
             )
         )
     return TriageSection(

@@ -10,7 +10,7 @@ from typing import Any
 
 from speedtrap._errors import StoreError
 from speedtrap.report._data import ReportData
-from speedtrap.report._io import write_atomic
+from speedtrap.rundir import write_atomic
 
 JSON_NAME = "report.json"
 SCHEMA_FILE = "report.schema.json"  # published in the repository as schemas/report.schema.json

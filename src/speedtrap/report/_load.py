@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import sqlite3
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from speedtrap._errors import UsageError
+from speedtrap._errors import StoreError, UsageError
 from speedtrap.report import _adapt, _commands
-from speedtrap.report._commands import Source
 from speedtrap.report._data import MissingPart, ReportData, RunInfo, StageInfo
-from speedtrap.report._layout import (
+from speedtrap.report._model import DivergenceRun, RecallRun, TriageSection
+from speedtrap.report._plan import with_figures
+from speedtrap.report._stages import IsolationSection, Localization, TrialRow
+from speedtrap.report._verdict import build_verdict
+from speedtrap.rundir import (
     ISOLATE_DIR,
     LOCALIZE_DIR,
     PROBES_DIR,
@@ -30,14 +32,11 @@ from speedtrap.report._layout import (
     TRIAGE_FILE,
     Part,
     RunRecord,
+    Source,
     load_part,
     load_run_record,
     now_iso,
 )
-from speedtrap.report._model import DivergenceRun, RecallRun, TriageSection
-from speedtrap.report._plan import with_figures
-from speedtrap.report._stages import IsolationSection, Localization, TrialRow
-from speedtrap.report._verdict import build_verdict
 
 T = TypeVar("T")
 _ROLE_ORDER = {"baseline": 0, "all": 1, "culprit": 2}
@@ -159,33 +158,14 @@ def _probes(r: _Reader, all_patches: tuple[str, ...]) -> tuple[list[RecallRun], 
     return [x for _, x in recall], [x for _, x in divergence]
 
 
-def _trials_from_store(db: Path) -> list[TrialRow]:
-    """Trials a killed isolation left in its SQLite store (read-only; nothing is written)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
-    try:
-        rows = con.execute(
-            "SELECT id, config, repeat, status, outcome, figures, error, launch_s, probe_s FROM trials ORDER BY id"
-        ).fetchall()
-    finally:
-        con.close()
-    out = []
-    for i, (_id, config, repeat, status, outcome, figures, error, launch_s, probe_s) in enumerate(rows):
-        out.append(
-            TrialRow.from_json(
-                {
-                    "index": i,
-                    "config": json.loads(config),
-                    "repeat": repeat,
-                    "status": status,
-                    "outcome": outcome,
-                    "figures": json.loads(figures or "{}"),
-                    "error": error,
-                    "launch_s": launch_s,
-                    "probe_s": probe_s,
-                }
-            )
-        )
-    return out
+def _trials_from_store(isolate_dir: Path) -> list[TrialRow]:
+    """Trials a killed isolation left in its store, read through isolate's public reader."""
+    from speedtrap.isolate import stored_trials
+
+    return [
+        TrialRow.from_json({**t.to_json(), "index": i, "reused": False})
+        for i, t in enumerate(stored_trials(isolate_dir))
+    ]
 
 
 def _isolation(r: _Reader, isolate_dir: Path) -> IsolationSection | None:
@@ -207,9 +187,9 @@ def _isolation(r: _Reader, isolate_dir: Path) -> IsolationSection | None:
             )
         return None
     try:
-        trials = _trials_from_store(db)
-    except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-        r.missing.append(MissingPart("isolation trials", f"{r.rel(db)} is unreadable ({exc})", command))
+        trials = _trials_from_store(isolate_dir)
+    except StoreError:
+        r.missing.append(MissingPart("isolation trials", f"{r.rel(db)} is unreadable", command))
         return None
     if not result.exists():
         r.missing.append(

@@ -7,10 +7,9 @@ from pathlib import Path
 
 from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
-from speedtrap.report._io import write_atomic
-from speedtrap.report._layout import slug
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
+from speedtrap.rundir import slug, write_atomic
 
 MD_NAME = "report.md"
 FIGURES_DIR = "figures"

@@ -93,9 +93,11 @@ class TriageRow:
     scope: str
     phases: tuple[str, ...]
     reasons: tuple[str, ...]
+    diff_given: bool = True  # False: nothing was read, the tier is triage's default
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({} if self.diff_given else {"diff_given": False}),
             "name": self.name,
             "tier": self.tier,
             "score": self.score,
@@ -117,6 +119,7 @@ class TriageRow:
             str(d.get("scope", "")),
             _strs(d.get("phases")),
             _strs(d.get("reasons")),
+            bool(d.get("diff_given", True)),
         )
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from speedtrap.report import _figures
 from speedtrap.report._data import FigureRef, ReportData
-from speedtrap.report._layout import slug
+from speedtrap.rundir import slug
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -35,9 +35,14 @@ def _headline(iso: IsolationSection | None, culprits: Sequence[CulpritSet]) -> t
     return "inconclusive", iso.message or f"Isolation ended {iso.status}."
 
 
-def _triage_sentence(triage: TriageSection, blamed: Sequence[str]) -> str:
-    rows = {r.name: r for r in triage.rows}
+def _triage_sentence(triage: TriageSection, blamed: Sequence[str]) -> str | None:
+    """What triage read about the culprits; None when it read no diff of theirs (nothing to cite)."""
+    rows = {r.name: r for r in triage.rows if r.diff_given}
+    if not rows:
+        return None
     hits = [rows[name] for name in blamed if name in rows]
+    if blamed and not hits:
+        return None
     if hits:
         parts = [f"`{r.name}` tier {r.tier} of {len(triage.rows)} patches" + _why(r.reasons) for r in hits]
         return "Triage (static reading of the diffs) ranked " + "; ".join(parts) + "."
@@ -143,8 +148,9 @@ def build_verdict(
     status, headline = _headline(isolation, culprits)
     blamed = [p for c in culprits for p in c.patches]
     evidence: list[str] = []
-    if triage is not None and triage.rows:
-        evidence.append(_triage_sentence(triage, blamed))
+    said = _triage_sentence(triage, blamed) if triage is not None and triage.rows else None
+    if said:
+        evidence.append(said)
     if recall:
         evidence.append(_recall_sentence(recall))
     if divergence:

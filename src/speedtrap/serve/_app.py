@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from speedtrap._errors import ProbeError
-from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
+from speedtrap.probe import Engine, Generation, StepLogprobs, top_logprobs
 from speedtrap.serve._schemas import (
     ChatRequest,
     CompletionRequest,
@@ -29,7 +29,7 @@ from speedtrap.serve._schemas import (
     messages_json,
     stops,
 )
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel
 
 T = TypeVar("T")
 
@@ -55,8 +55,7 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
         try:
             return await run_in_threadpool(fn)
         except ProbeError as exc:
-            code = "context_length_exceeded" if "context" in exc.problem else None
-            raise ApiError(400, exc.one_line(), code) from None
+            raise ApiError(400, exc.one_line(), exc.code) from None
 
     def check_model(requested: str) -> None:
         if requested and requested != name:

@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from speedtrap._errors import UsageError
 from speedtrap.patching import names_switched_on
-from speedtrap.targets import resolve_target
-from speedtrap.targets._base import InProcessModel
+from speedtrap.targets import InProcessModel, load_target
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, str]:
@@ -27,13 +26,7 @@ def load_for_serving(
     target: str, overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
 ) -> InProcessModel:
     """The target loaded with its config overrides and the patches whose gates are on, as a server would."""
-    from speedtrap.targets.smolmoe import SmolMoETarget
-
-    resolved = resolve_target(target)
-    if isinstance(resolved, SmolMoETarget):
-        model = resolved.load(dict(overrides or {}), extra_patches=True)
-    else:
-        model = resolved.load(dict(overrides or {}))
+    model = load_target(target, overrides)
     env = os.environ if environ is None else environ
     model.set_patches(names_switched_on(model.patch_infos(), env, model.config))
     return model

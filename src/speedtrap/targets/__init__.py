@@ -1,11 +1,35 @@
-"""Targets: what speedtrap runs. In-process models now; servers are described by manifests."""
+"""Targets: what speedtrap runs in-process (servers are described by manifests).
+
+Every stage gets its model the same way::
+
+    from speedtrap.targets import load_target
+    model = load_target("hf:deepseek_v4", patches=["mypkg.patches:double_factor"])
+
+``load_target`` resolves the name (``smol-moe``, ``hf:<model type | directory | file.gguf>``),
+imports the user's ``module:function`` patches first (a bad entry point fails before the slow
+load), and loads the model with them in its catalogue beside the target's own patches.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from speedtrap._errors import UsageError
 from speedtrap.targets._base import CausalLM, InProcessModel, Target
+from speedtrap.targets._userpatch import UserPatch, is_entry_point, load_user_patch
 
-__all__ = ["CausalLM", "InProcessModel", "Target", "known_targets", "resolve_target"]
+__all__ = [
+    "CausalLM",
+    "InProcessModel",
+    "Target",
+    "UserPatch",
+    "is_entry_point",
+    "known_targets",
+    "load_target",
+    "load_user_patch",
+    "resolve_target",
+    "user_patches",
+]
 
 
 def known_targets() -> list[Target]:
@@ -25,3 +49,25 @@ def resolve_target(spec: str) -> Target:
             return target
     names = ", ".join(t.name for t in known_targets())
     raise UsageError(f"unknown target {spec!r}", f"choose one of: {names}, or hf:<model type | directory | file.gguf>")
+
+
+def user_patches(names: Sequence[str]) -> list[UserPatch]:
+    """The ``module:function`` patches among ``names``, imported (catalogue names are left out)."""
+    seen: dict[str, UserPatch] = {}
+    for name in names:
+        if is_entry_point(name) and name not in seen:
+            seen[name] = load_user_patch(name)
+    return list(seen.values())
+
+
+def load_target(
+    spec: str | Target, overrides: Mapping[str, str] | None = None, patches: Sequence[str] = ()
+) -> InProcessModel:
+    """Load a target with the user patches among ``patches`` added to its catalogue.
+
+    ``patches`` may mix catalogue names and entry points; only the entry points are imported here
+    (choosing which patches are on is the caller's, by name, with ``InProcessModel.set_patches``).
+    """
+    target = resolve_target(spec) if isinstance(spec, str) else spec
+    extra = user_patches(patches)
+    return target.load(dict(overrides) if overrides else None, extra)

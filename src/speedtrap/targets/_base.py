@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from speedtrap._errors import ProbeError, UsageError
 from speedtrap.patching import Patch, PatchInfo, Undo, apply_patches, select_patches
 
 if TYPE_CHECKING:  # torch is imported where a model runs, so the CLI starts fast
@@ -53,14 +55,37 @@ class InProcessModel:
     def patch_infos(self) -> list[PatchInfo]:
         return [p.info for p in self.catalog]
 
+    def add_patches(self, patches: Sequence[Patch]) -> None:
+        """Add patches (a user's) to the catalogue; one already there by name is kept as it is."""
+        known = {p.info.name for p in self.catalog}
+        self.catalog = [*self.catalog, *(p for p in patches if p.info.name not in known)]
+
     def chat_ids(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a chat conversation rendered with the model's own chat template."""
+        if self.tokenizer is None:
+            raise ProbeError(
+                f"{self.name} has no tokenizer: chats (planted-fact recall, serving) "
+                "need a tokenizer and a chat template",
+                "use a target with one (a model directory with tokenizer files, a GGUF file, smol-moe); "
+                "divergence and layer diffs run without one, on synthetic token ids",
+            )
         ids = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
+
+    def synthetic_ids(self, text: str, tokens: int) -> list[int]:
+        """``tokens`` token ids drawn from the vocabulary with a seed taken from ``text``: the stand-in
+        for a tokenized text on a model without a tokenizer (a tiny random-weight config)."""
+        import random
+
+        vocab = int(self.config.get("vocab_size", 0))
+        if vocab < 2:
+            raise UsageError(f"{self.name} has neither a tokenizer nor a vocab_size", "use a target with a tokenizer")
+        rng = random.Random(hashlib.sha256(text.encode()).digest())
+        return [rng.randrange(vocab) for _ in range(max(1, tokens))]
 
     def logits(self, ids: Sequence[int], cache: Any = None) -> Tensor:
         """Logits [tokens, vocab] of one sequence (cache, if given, grows in place)."""
@@ -75,9 +100,20 @@ class InProcessModel:
 
 
 class Target(Protocol):
+    """What gets run in-process: smol-moe, ``hf:<model type | dir | gguf>``; every stage loads it the same way."""
+
     name: str
     description: str
 
-    def patch_infos(self) -> list[PatchInfo]: ...
+    @property
+    def chats(self) -> bool:
+        """Whether it has a tokenizer and a chat template (planted-fact recall and serving need them)."""
+        ...
 
-    def load(self, overrides: dict[str, str] | None = None) -> InProcessModel: ...
+    def patch_infos(self) -> list[PatchInfo]:
+        """The target's own patch catalogue (what a search covers by default)."""
+        ...
+
+    def load(self, overrides: Mapping[str, str] | None = None, extra_patches: Sequence[Patch] = ()) -> InProcessModel:
+        """Build the model with config ``overrides``; ``extra_patches`` (a user's) join its catalogue."""
+        ...

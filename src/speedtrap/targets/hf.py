@@ -13,6 +13,7 @@ These targets carry no built-in patches; user patches (``module:function``) are 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,7 +33,7 @@ _COMMON: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 2048,
-    "initializer_range": 0.05,
+    "initializer_range": 0.2,  # peaked next-token distributions, as a trained model has (0.05 gives near-uniform ones)
 }
 
 # Tiny configs: every MoE layer kind the model has, a few experts, float32 on CPU in milliseconds.
@@ -133,17 +134,42 @@ class HFTarget:
     def patch_infos(self) -> list[PatchInfo]:
         return []
 
-    def load(self, overrides: dict[str, str] | None = None, extra_patches: bool = False) -> InProcessModel:
+    @property
+    def chats(self) -> bool:
+        """Tiny random-weight models have no tokenizer; saved models and GGUF files bring theirs."""
+        return self.spec not in TINY_CONFIGS
+
+    @property
+    def source_dir(self) -> Path:
+        """The transformers source of this model (what triage traces a factor through)."""
+        import transformers
+
+        models = Path(transformers.__file__).parent / "models"
+        model_type = self.spec if self.spec in TINY_CONFIGS else _local_model_type(Path(self.spec).expanduser())
+        folder = models / model_type if model_type else models
+        return folder if folder.is_dir() else models
+
+    def load(self, overrides: Mapping[str, str] | None = None, extra_patches: Sequence[Patch] = ()) -> InProcessModel:
         if self.spec in TINY_CONFIGS:
             hf, tokenizer = build_tiny(self.spec, overrides), None
         else:
             hf, tokenizer = _load_local(Path(self.spec).expanduser(), overrides)
         hf.eval().requires_grad_(False)
-        catalog: list[Patch] = []
+        catalog: list[Patch] = list(extra_patches)
         return InProcessModel(self.name, HFCausalLM(hf), tokenizer, catalog, _config_dict(hf.config))
 
 
-def build_tiny(model_type: str, overrides: dict[str, str] | None = None) -> nn.Module:
+def _local_model_type(path: Path) -> str | None:
+    """``model_type`` of a saved model directory (None for a GGUF file or an unreadable config)."""
+    import json
+
+    try:
+        return str(json.loads((path / "config.json").read_text(encoding="utf-8"))["model_type"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def build_tiny(model_type: str, overrides: Mapping[str, str] | None = None) -> nn.Module:
     """The transformers model of ``model_type`` from its tiny config, with seeded random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -172,7 +198,7 @@ def _fill_hash_tables(model: nn.Module, config: Any) -> None:
             table.copy_(rows.to(table.dtype))
 
 
-def _load_local(path: Path, overrides: dict[str, str] | None) -> tuple[nn.Module, Any]:
+def _load_local(path: Path, overrides: Mapping[str, str] | None) -> tuple[nn.Module, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if overrides:

@@ -14,8 +14,15 @@ from pathlib import Path
 from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._init import InitResult, init_manifest
-from speedtrap.triage._inspect import InspectReport, inspect_process, read_process, redact_argv, redact_env
-from speedtrap.triage._manifest import GateSpec, Manifest, load_manifest
+from speedtrap.triage._inspect import (
+    InspectReport,
+    inspect_process,
+    read_process,
+    redact_argv,
+    redact_env,
+    secret_name,
+)
+from speedtrap.triage._manifest import Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
 from speedtrap.triage._run import PatchReport, TriageReport, triage
 from speedtrap.triage._sources import (
@@ -33,7 +40,6 @@ __all__ = [
     "DiffError",
     "DoubleApplication",
     "FilePatch",
-    "GateSpec",
     "Hunk",
     "InitResult",
     "InspectReport",
@@ -57,6 +63,7 @@ __all__ = [
     "redact_argv",
     "redact_env",
     "render_plan",
+    "secret_name",
     "target_patch_inputs",
     "trace_symbol",
     "triage",

@@ -137,6 +137,16 @@ class HotPaths:
             )
             if caller is None:
                 continue
+            owner = site.module.parent(caller)
+            if caller.name == "__init__" and isinstance(owner, ast.ClassDef):
+                # A factory called in a constructor builds part of that module: it runs where the module runs.
+                level, chain, conds = self._class(site.file, owner.name, depth + 1)
+                chain = (f"{name} builds part of {owner.name} ({owner.name}.__init__ calls it)", *chain)
+                if _RANK[level] > _RANK[best[0]]:
+                    best = (level, (f"{name} is called at {site.file}:{site.node.lineno}", *chain), conds)
+                    if level == EVERY_LAYER:
+                        break
+                continue
             level, chain, conds = self._function(site.module, caller, depth + 1, seen)
             if _RANK[level] > _RANK[best[0]]:
                 where = f"{site.module.qualname(caller)}.{caller.name}".replace("<module>.", "")

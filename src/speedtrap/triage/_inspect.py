@@ -12,15 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG, GateSpec
+from speedtrap.patching import Gate
+from speedtrap.triage._manifest import CONFIG, ENV, FLAG
 from speedtrap.triage._sources import PatchInput
 
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(
-    r"token|secret|passw|pwd|api[_-]?key|apikey|access[_-]?key|private|credential|auth|"
-    r"cookie|session|signature|(^|[_-])key($|[_-])",
-    re.I,
+# A name looks secret when one of its parts (split at _ - .) is a secret word: TOKEN, API_KEY, SECRET,
+# PASSWORD/PASSWD/PWD, CREDENTIALS, AUTH..., COOKIE, SESSION. Whole parts, so TOKENIZERS_PARALLELISM,
+# GIT_AUTHOR_NAME and the working directories PWD and OLDPWD are not secrets.
+_SECRET_PART = re.compile(
+    r"^(.*(password|passwd|secret|credential|creds).*|.*(token|apikey)|tokens|keys?|auth(token|orization|z)?"
+    r"|oauth.*|cookies?|session(id)?|pwd|pass|signature|sig|private)$"
 )
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable or option name looks like it holds a secret."""
+    name = name.strip().lstrip("-")
+    if name.upper() in _NOT_SECRET:
+        return False
+    return any(_SECRET_PART.match(part) for part in re.split(r"[_\-.]+", name.lower()) if part)
+
+
 _SECRET_VALUE = re.compile(
     r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_|"
     r"xox[abprs]-|AKIA[0-9A-Z]{12,}|ASIA[0-9A-Z]{12,}|glpat-|eyJ[A-Za-z0-9_-]{10,}\.)"
@@ -47,7 +61,7 @@ _SSH_TIMEOUT_S = 30
 @dataclass(frozen=True)
 class GateState:
     patch: str
-    gate: GateSpec
+    gate: Gate
     state: str  # "on", "off", "unknown", "ungated"
     evidence: str
 
@@ -83,7 +97,7 @@ class InspectReport:
 
 
 def is_secret(name: str, value: str) -> bool:
-    return bool(_SECRET_NAME.search(name) or _SECRET_VALUE.match(value.strip()))
+    return secret_name(name) or bool(_SECRET_VALUE.match(value.strip()))
 
 
 def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -113,7 +127,7 @@ def redact_argv(argv: list[str]) -> list[str]:
                 else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg)
             )
             continue
-        if arg.startswith("-") and _SECRET_NAME.search(arg.lstrip("-")):
+        if arg.startswith("-") and secret_name(arg):
             hide_next = True
         out.append(REDACTED if _SECRET_VALUE.match(arg) else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg))
     return out
@@ -231,7 +245,7 @@ def _model_config(argv: list[str]) -> dict[str, Any] | None:
     return None
 
 
-def gate_state(name: str, gate: GateSpec, argv: list[str], env: dict[str, str], local: bool) -> GateState:
+def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], local: bool) -> GateState:
     if gate.kind == ENV:
         states = []
         for key, value in gate.env:

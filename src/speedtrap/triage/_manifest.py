@@ -24,43 +24,15 @@ from typing import Any
 
 from speedtrap._errors import ManifestError
 from speedtrap._toml import read_manifest_toml
+from speedtrap.patching import Gate, GateKind
 
-ENV, FLAG, CONFIG, UNGATED = "env", "flag", "config", "ungated"
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    """How a patch is switched on: env vars, launch args, config keys, or nothing (ungated)."""
-
-    kind: str
-    env: tuple[tuple[str, str], ...] = ()
-    args: tuple[str, ...] = ()
-    config: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def key(self) -> str:
-        if self.env:
-            return self.env[0][0]
-        if self.args:
-            return " ".join(self.args)
-        if self.config:
-            return self.config[0][0]
-        return ""
-
-    def describe(self) -> str:
-        if self.kind == UNGATED:
-            return "ungated"
-        parts = [f"{k}={v}" for k, v in self.env] + list(self.args) + [f"{k}={v}" for k, v in self.config]
-        return f"{self.kind}: {' '.join(parts)}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "env": dict(self.env), "args": list(self.args), "config": dict(self.config)}
+ENV, FLAG, CONFIG, UNGATED = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG, GateKind.UNGATED
 
 
 @dataclass(frozen=True)
 class ManifestPatch:
     name: str
-    gate: GateSpec | None
+    gate: Gate | None  # None: a commit patch with no switch (triage reads its gate off the diff)
     diff_path: Path | None
     summary: str = ""
     commits: tuple[str, ...] = ()  # a commit patch: its commits (full shas) in [target] repo
@@ -78,8 +50,7 @@ class Manifest:
 
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.isolate import resolve_commits_in
-    from speedtrap.isolate._manifest import parse_patches
+    from speedtrap.isolate import parse_patches, resolve_commits_in
 
     path = Path(path)
     data = read_manifest_toml(path)
@@ -90,18 +61,13 @@ def load_manifest(path: Path) -> Manifest:
     if repo is not None:
         repo, base, specs = resolve_commits_in(repo, base, specs)
     patches = tuple(
-        ManifestPatch(p.name, _gate(p.gate, p.env, p.args, p.config), p.diff, p.summary, p.commits) for p in specs
+        ManifestPatch(p.name, None if p.gate.kind is GateKind.COMMIT else p.gate, p.diff, p.summary, p.commits)
+        for p in specs
     )
     tree = data.get("tree")
     if tree is not None and not isinstance(tree, str):
         raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
     return Manifest(path, patches, (path.parent / tree) if tree else None, repo=repo, base=base)
-
-
-def _gate(kind: str, env: Any, args: Any, config: Any) -> GateSpec | None:
-    if kind == "commit":  # no switch declared: triage reads the gate off the diff
-        return None
-    return GateSpec(kind if kind != "in-process" else UNGATED, env, args, config)
 
 
 def _commits(data: dict[str, Any], base: Path, specs: Any) -> tuple[Path | None, str | None]:

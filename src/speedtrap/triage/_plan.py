@@ -53,7 +53,7 @@ def _questions(p: PatchReport, source: list[str]) -> list[tuple[str, str]]:
         other = " and ".join(d.other.guards) or "unconditionally"
         out.append(
             (
-                f"Is `{d.symbol}` applied exactly once? The patch adds `{d.added.code}` at {d.added.where}, "
+                f"Is `{d.symbol}` applied exactly once? The patch {d.verb} `{d.added.code}` at {d.added.where}, "
                 f"while `{d.other.code}` at {d.other.where} ({d.other.function}) still applies it "
                 f"{other}. List every site and the flags that select it:",
                 _cmd("speedtrap", "triage", *source, "--symbol", d.symbol),

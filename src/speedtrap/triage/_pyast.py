@@ -91,8 +91,26 @@ def _literals(expr: ast.expr, holds: bool) -> list[tuple[str, bool]]:
         for value in expr.values:
             out.extend(_literals(value, holds))
         return out
+    compared = _compared(expr)
+    if compared is not None:
+        atom, positive = compared
+        return [(atom, holds == positive)]
     name = last_name(expr)
     return [(name, holds)] if name else []
+
+
+_EQ_NEG = {ast.Is: True, ast.Eq: True, ast.IsNot: False, ast.NotEq: False}
+
+
+def _compared(expr: ast.expr) -> tuple[str, bool] | None:
+    """``x is None`` -> ("x is None", True); ``x != 1.0`` -> ("x == 1.0", False); else None."""
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1 and type(expr.ops[0]) in _EQ_NEG):
+        return None
+    right = expr.comparators[0]
+    name = last_name(expr.left)
+    if name is None or not isinstance(right, ast.Constant) or isinstance(right.value, str):
+        return None
+    return f"{name} == {right.value!r}", _EQ_NEG[type(expr.ops[0])]
 
 
 @dataclass

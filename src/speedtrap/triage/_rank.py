@@ -15,12 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedtrap.patching import Gate, GateKind
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED, GateSpec
+from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
 from speedtrap.triage._signals import GUARD, PRECISION, SCALE, PatchSignals
 from speedtrap.triage._trace import DoubleApplication
 
 _EXPOSURE = {EVERY_LAYER: 2, SOME_LAYERS: 1, PER_STEP: 1, SETUP: 0, UNKNOWN: 1}
+
+
+SAME_MATH = "no guard, scale or precision change found: same math on a new path"
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Ranking:
         }
 
 
-def gate_words(gate: GateSpec) -> str:
+def gate_words(gate: Gate) -> str:
     if gate.kind == ENV:
         return f"env-gated ({gate.describe()[5:]}): A/B by relaunching with it unset"
     if gate.kind == FLAG:
@@ -51,10 +55,12 @@ def gate_words(gate: GateSpec) -> str:
             f"config-conditional ({gate.key}): no env var switches it; A/B needs a model-config edit and "
             "relaunch, so the static reading matters more"
         )
+    if gate.kind == GateKind.IN_PROCESS:
+        return "in-process: applied by name to the loaded model; A/B by running with and without it"
     return "ungated: compiled in; A/B needs a rebuild or revert, so the static reading matters more"
 
 
-def rank(sig: PatchSignals, gate: GateSpec, doubles: list[DoubleApplication], declared: dict[str, Any]) -> Ranking:
+def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declared: dict[str, Any]) -> Ranking:
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
@@ -103,7 +109,7 @@ def rank(sig: PatchSignals, gate: GateSpec, doubles: list[DoubleApplication], de
         tier = 2
     else:
         tier = 3
-        reasons.insert(0, "no guard, scale or precision change found: same math on a new path")
+        reasons.insert(0, SAME_MATH)
     return Ranking(tier, score, risk, tuple(reasons), points)
 
 
@@ -121,7 +127,7 @@ def _exposure_words(best: HotPath) -> str:
     return f"how often {func} runs is unclear: {why or 'no caller found'}"
 
 
-def gate_of(declared: GateSpec | None, detected: tuple[str, str]) -> tuple[GateSpec, str]:
+def gate_of(declared: Gate | None, detected: tuple[str, str]) -> tuple[Gate, str]:
     """The gate to plan with, and where it came from (declared by the patch's author, or read off the diff)."""
     kind, key = detected
     if declared is not None:
@@ -130,9 +136,9 @@ def gate_of(declared: GateSpec | None, detected: tuple[str, str]) -> tuple[GateS
             return declared, "declared" + (" and seen in the diff" if agree and kind != UNGATED else "")
         return declared, f"declared (the diff reads {kind} {key})".rstrip()
     if kind == ENV:
-        return GateSpec(ENV, env=((key, "1"),)), "read off the diff"
+        return Gate(ENV, env=((key, "1"),)), "read off the diff"
     if kind == FLAG:
-        return GateSpec(FLAG, args=(key,)), "read off the diff"
+        return Gate(FLAG, args=(key,)), "read off the diff"
     if kind == CONFIG:
-        return GateSpec(CONFIG, config=((key, "true"),)), "read off the diff"
-    return GateSpec(UNGATED), "read off the diff (no switch found)"
+        return Gate(CONFIG, config=((key, "true"),)), "read off the diff"
+    return Gate(UNGATED), "read off the diff (no switch found)"

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
+from speedtrap.patching import Gate
 from speedtrap.triage._changes import ChangedFile, lay_patch
+from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
-from speedtrap.triage._manifest import GateSpec
-from speedtrap.triage._rank import Ranking, gate_of, rank
+from speedtrap.triage._paths import path_doubles
+from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
 from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
 from speedtrap.triage._units import Units
 
-_APPLYING = {"added", "moved", "guard changed"}
+NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
+
+_APPLYING = {"added", "moved", "guard changed", "identity removed", "identity condition changed"}
 
 
 @dataclass
@@ -26,7 +31,7 @@ class PatchReport:
     patch: PatchInput
     files: list[ChangedFile]
     signals: PatchSignals
-    gate: GateSpec
+    gate: Gate
     gate_source: str
     ranking: Ranking
     doubles: list[DoubleApplication] = field(default_factory=list)
@@ -53,6 +58,7 @@ class PatchReport:
             "phases": {"value": self.signals.phases, "guess": True},
             "double_applications": [d.to_json() for d in self.doubles],
             "notes": self.notes,
+            "diff_given": bool(self.patch.diff),
         }
 
 
@@ -117,7 +123,8 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         notes.extend(f"{f.path}: {f.note}" for f in files if f.note)
         post = index.with_overlay({f.path: f.new_text for f in files}) if index is not None else None
         units = Units(post) if post is not None else None
-        sig = analyze(files, HotPaths(units) if units else None, symbol)
+        flow = Flow(units.resolver) if units is not None else None
+        sig = analyze(files, HotPaths(units) if units else None, symbol, flow)
         doubles: list[DoubleApplication] = []
         added_sites: list[Site] = []
         if post is not None and index is not None:
@@ -134,8 +141,14 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                 doubles.extend(found)
                 if factor == symbol:
                     added_sites.extend(added)
+            if flow is not None and units is not None and sig.identity:
+                bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
+                doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
+        if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
+            kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
+            ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
         reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes))
         if trace is not None:
             trace.added.extend(added_sites)

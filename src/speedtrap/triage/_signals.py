@@ -26,6 +26,7 @@ from speedtrap.triage._detect import (
     scale,
     text_signals,
 )
+from speedtrap.triage._flow import Flow, IdentityChange, identity_changes
 from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._pyast import Module, last_name
 
@@ -53,6 +54,7 @@ class PatchSignals:
     phases: str = "both"
     detected_gate: tuple[str, str] = ("ungated", "")  # (kind, key)
     factors: list[str] = field(default_factory=list)
+    identity: list[IdentityChange] = field(default_factory=list)
 
     def of(self, kind: str) -> list[Signal]:
         return [s for s in self.signals if s.kind == kind]
@@ -62,8 +64,10 @@ class PatchSignals:
         return max(self.hot_paths, key=lambda h: h.rank, default=None)
 
 
-def analyze(files: list[ChangedFile], hot: HotPaths | None, symbol: str | None = None) -> PatchSignals:
-    """Every signal of one patch's changed files."""
+def analyze(
+    files: list[ChangedFile], hot: HotPaths | None, symbol: str | None = None, flow: Flow | None = None
+) -> PatchSignals:
+    """Every signal of one patch's changed files (``flow`` follows values into callees)."""
     result = PatchSignals()
     gate: tuple[str, str, list[Evidence]] | None = None
     phase_words: list[tuple[str, str]] = []
@@ -74,11 +78,15 @@ def analyze(files: list[ChangedFile], hot: HotPaths | None, symbol: str | None =
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
             continue
+        if old is not None and new is not None and _same_code(old, new):
+            continue  # comments and docstrings only: nothing runs differently
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
         if new is not None:
             result.signals.extend(precision(cf, new, old))
         result.signals.extend(scale(cf, new, old, symbol))
+        if flow is not None and old is not None and new is not None:
+            result.signals.extend(_identity_signals(cf, old, new, flow, result.identity))
         if new is not None and gate is None:
             gate = gating(cf, new)
         funcs: list[tuple[Module, ast.FunctionDef | ast.AsyncFunctionDef]] = []
@@ -107,6 +115,45 @@ def analyze(files: list[ChangedFile], hot: HotPaths | None, symbol: str | None =
         result.signals.append(Signal(GATING, "the diff reads no env var, flag or config key: ungated in code"))
     result.factors = sorted({s.data["factor"] for s in result.of(SCALE) if "factor" in s.data})
     return result
+
+
+def _without_docstrings(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _same_code(old: Module, new: Module) -> bool:
+    """Whether two versions of a file differ only in comments, docstrings and layout."""
+    return _without_docstrings(old.source) == _without_docstrings(new.source)
+
+
+def _identity_signals(
+    cf: ChangedFile, old: Module, new: Module, flow: Flow, found: list[IdentityChange]
+) -> list[Signal]:
+    """A removed or changed identity selection whose value reaches a multiply: a scale-logic change."""
+    out: list[Signal] = []
+    for change in identity_changes(cf.path, old, new, cf.removed, flow):
+        if not change.reaches:
+            continue
+        found.append(change)
+        evidence = (
+            Evidence(cf.path, change.old_line, "-", cf.removed_text(change.old_line)),
+            Evidence(cf.path, change.new_line, "+", cf.added_text(change.new_line)),
+            *(Evidence(r.site.file, r.site.line, " ", r.site.code) for r in change.reaches[:3]),
+        )
+        out.append(Signal(SCALE, change.summary, evidence, data=change.to_json()))
+    return out
 
 
 def _summarize_hot(result: PatchSignals) -> None:

@@ -8,13 +8,15 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
+from speedtrap.patching import Gate
 from speedtrap.triage._diff import decode_diff, parse_diff
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED, GateSpec, load_manifest
+from speedtrap.triage._manifest import load_manifest
 
 _GIT_TIMEOUT_S = 120
 _SUBJECT_RE = re.compile(r"^Subject:\s*(?:\[[^\]]*\]\s*)?(.*)$", re.M)
@@ -28,7 +30,7 @@ class PatchInput:
     diff: str | None
     origin: str
     summary: str = ""
-    gate: GateSpec | None = None  # declared gate; None when nobody said
+    gate: Gate | None = None  # declared gate; None when nobody said
     file_hint: str = ""  # the file a single-file diff applies to, when its paths do not say
     declared: dict[str, Any] = field(default_factory=dict, compare=False)  # kind, scope, phases
     commits: tuple[str, ...] = ()  # a manifest's commit patch: switched per trial by a worktree
@@ -187,33 +189,26 @@ def _archive(repo: Path, rev: str) -> tempfile.TemporaryDirectory[str]:
     return tmp
 
 
-def _gate_from_info(gate: Any) -> GateSpec:
-    kind = str(getattr(gate.kind, "value", gate.kind))
-    if kind == ENV:
-        return GateSpec(ENV, env=((gate.key, gate.value),))
-    if kind == FLAG:
-        return GateSpec(FLAG, args=tuple(gate.key.split()))
-    if kind == CONFIG:
-        return GateSpec(CONFIG, config=((gate.key, gate.value),))
-    return GateSpec(UNGATED)
-
-
-def target_patch_inputs(name: str) -> tuple[list[PatchInput], Path]:
-    """A built-in target's patches (with their declared facts) and its source directory."""
+def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
+    """A target's patches (with their declared facts) and its source directory; ``patches`` names the
+    ones searched (catalogue names or a user's ``module:function``; empty: the whole catalogue)."""
     import inspect as _inspect
 
-    from speedtrap.targets import resolve_target
+    from speedtrap.targets import resolve_target, user_patches
 
     target = resolve_target("smol-moe" if name == "smolmoe" else name)
+    infos = [*target.patch_infos(), *(p.info for p in user_patches(patches))]
+    if patches:
+        infos = [i for i in infos if i.name in set(patches)]
     out = []
-    for info in target.patch_infos():
+    for info in infos:
         out.append(
             PatchInput(
                 info.name,
                 info.diff,
                 f"target {target.name}",
                 info.summary,
-                _gate_from_info(info.gate),
+                info.gate,
                 info.file,
                 {
                     "kind": str(getattr(info.kind, "value", info.kind)),
@@ -226,7 +221,7 @@ def target_patch_inputs(name: str) -> tuple[list[PatchInput], Path]:
     return out, Path(source)
 
 
-def from_target(name: str, tree: Path | None) -> PatchSet:
-    patches, source = target_patch_inputs(name)
+def from_target(name: str, tree: Path | None, searched: Sequence[str] = ()) -> PatchSet:
+    patches, source = target_patch_inputs(name, searched)
     args = ["--target", name] + (["--tree", str(tree)] if tree else [])
     return PatchSet(patches, tree or source, f"target {name} ({len(patches)} patches)", args)

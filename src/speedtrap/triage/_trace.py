@@ -66,13 +66,14 @@ class DoubleApplication:
     added: Site
     other: Site
     relation: str
+    verb: str = "adds"  # "adds" a multiply, or "lets the factor reach" one (a path change)
 
     @property
     def message(self) -> str:
         other_guard = " and ".join(self.other.guards) or "unconditionally"
         added_guard = " and ".join(self.added.guards) or "unconditionally"
         return (
-            f"possible double application of {self.symbol}: {self.patch} adds `{self.added.code}` "
+            f"possible double application of {self.symbol}: {self.patch} {self.verb} `{self.added.code}` "
             f"at {self.added.where} "
             f"({added_guard}) while `{self.other.code}` at {self.other.where} ({self.other.function}) "
             f"still applies it {other_guard}; {self.relation}"
@@ -187,30 +188,33 @@ def python_sites(mod: Module, symbol: str, lines: frozenset[int] | None = None, 
         role, detail = _role(mod, node)
         if line not in best or _PRIORITY[role] < best[line][0]:
             best[line] = (_PRIORITY[role], node, role, detail)
-    out = []
-    for line, (_p, node, role, detail) in sorted(best.items()):
-        guards = mod.guards(node)
-        unit, _func = mod.scope_of(node)
-        flags: list[str] = []
-        for g in guards:
-            flags.extend(f for f in g.flags() if f not in flags and f != symbol)
-        out.append(
-            Site(
-                mod.path,
-                line,
-                mod.qualname(node),
-                unit,
-                role,
-                detail,
-                mod.line(line),
-                tuple(mod.describe_guard(g) for g in guards),
-                tuple(flags),
-                tuple(lit for g in guards for lit in g.literals()),
-                "ast",
-                patch,
-            )
-        )
-    return out
+    return [
+        make_site(mod, node, role, detail, symbol, patch) for _line, (_p, node, role, detail) in sorted(best.items())
+    ]
+
+
+def make_site(mod: Module, node: ast.AST, role: str, detail: str, symbol: str, patch: str | None = None) -> Site:
+    """The site of ``node``: where, in which function, under which guards."""
+    line = getattr(node, "lineno", 0)
+    guards = mod.guards(node)
+    unit, _func = mod.scope_of(node)
+    flags: list[str] = []
+    for g in guards:
+        flags.extend(f for f in g.flags() if f not in flags and f != symbol)
+    return Site(
+        mod.path,
+        line,
+        mod.qualname(node),
+        unit,
+        role,
+        detail,
+        mod.line(line),
+        tuple(mod.describe_guard(g) for g in guards),
+        tuple(flags),
+        tuple(lit for g in guards for lit in g.literals()),
+        "ast",
+        patch,
+    )
 
 
 def text_sites(path: str, text: str, symbol: str, note: str = "text") -> list[Site]:
@@ -251,7 +255,7 @@ def _equivalent(a: str, b: str, aliases: Mapping[str, set[str]]) -> bool:
     return any(b in aliases.get(mid, set()) for mid in aliases.get(a, set()))
 
 
-def _aliases(mods: Iterable[Module]) -> dict[str, set[str]]:
+def aliases_of(mods: Iterable[Module]) -> dict[str, set[str]]:
     """Flag names tied by ``self.a = b`` or ``f(a=self.b)``: the same switch under two names."""
     out: dict[str, set[str]] = {}
 
@@ -279,9 +283,37 @@ def _tail(node: ast.AST) -> str | None:
     return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
 
 
+def clash(
+    a: Iterable[tuple[str, bool]], b: Iterable[tuple[str, bool]], aliases: Mapping[str, set[str]]
+) -> list[tuple[str, bool]]:
+    """The literals of ``b`` that some literal of ``a`` contradicts (one needs a flag on, the other off)."""
+    a = list(a)
+    return [(fb, pb) for fb, pb in b if any(pa != pb and _equivalent(fa, fb, aliases) for fa, pa in a)]
+
+
 def _excludes(a: Site, b: Site, aliases: Mapping[str, set[str]]) -> bool:
     """Whether the two sites' guards cannot both hold (one needs a flag on, the other off)."""
-    return any(pa != pb and _equivalent(fa, fb, aliases) for fa, pa in a.literals for fb, pb in b.literals)
+    return bool(clash(a.literals, b.literals, aliases))
+
+
+def _net_new(applications: list[Site], index: SourceIndex, post: SourceIndex, symbol: str) -> list[Site]:
+    """The added multiplies that are not rewrites of a multiply the file already had (same function, same
+    guards): a reordered or reformatted expression applies the factor as often as before."""
+    out: list[Site] = []
+    for rel in sorted({s.file for s in applications}):
+        old, new = index.module(rel), post.module(rel)
+        before: dict[tuple[str, tuple[str, ...]], int] = {}
+        for s in python_sites(old, symbol) if old is not None else []:
+            if s.role == MULTIPLY:
+                before[(s.function, s.guards)] = before.get((s.function, s.guards), 0) + 1
+        after: dict[tuple[str, tuple[str, ...]], int] = {}
+        for s in python_sites(new, symbol) if new is not None else []:
+            if s.role == MULTIPLY:
+                after[(s.function, s.guards)] = after.get((s.function, s.guards), 0) + 1
+        for s in applications:
+            if s.file == rel and after.get((s.function, s.guards), 0) > before.get((s.function, s.guards), 0):
+                out.append(s)
+    return out
 
 
 def double_applications(
@@ -299,7 +331,7 @@ def double_applications(
         mod = post.module(rel)
         if mod is not None and lines:
             added.extend(python_sites(mod, symbol, lines, patch))
-    applications = [s for s in added if s.role == MULTIPLY]
+    applications = _net_new([s for s in added if s.role == MULTIPLY], index, post, symbol)
     if not applications:
         return added, []
     if base_sites is None:
@@ -319,7 +351,7 @@ def double_applications(
             if relation is not None:
                 related.append((a, b, *relation))
     files = {s.file for a, b, _, _ in related for s in (a, b)}
-    aliases = _aliases(m for m in (post.module(f) for f in sorted(files)) if m is not None)
+    aliases = aliases_of(m for m in (post.module(f) for f in sorted(files)) if m is not None)
     found: list[tuple[int, int, DoubleApplication]] = []
     for a, b, text, hops in related:
         if not _excludes(a, b, aliases):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._pyast import Module
+from speedtrap.triage._resolve import Resolver
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ def _callee(call: ast.Call) -> str | None:
     return None
 
 
+def _stem(file: str) -> str:
+    path = Path(file)
+    return path.stem if path.stem != "__init__" else path.parent.name
+
+
 def _chain(path: list[str]) -> str:
     return f"{path[0]} is used by " + ", used by ".join(path[1:])
 
@@ -51,6 +57,7 @@ class Units:
         self._names: dict[str, set[str]] = {}
         self._refs: dict[tuple[str, str], set[str]] = {}
         self._defs: dict[str, dict[str, ast.AST]] = {}
+        self.resolver = Resolver(index)
 
     def definitions(self, file: str) -> dict[str, ast.AST]:
         """Top-level classes and functions of a file, by name."""
@@ -87,12 +94,22 @@ class Units:
         """
         key = (name, defined_in)
         if key not in self._callers:
+            names = {name}
             files = self.index.containing([name])
             if defined_in is not None:
-                stem = Path(defined_in).stem if Path(defined_in).stem != "__init__" else Path(defined_in).parent.name
-                needle = stem.encode()
+                # A caller names the defining module, or a package whose __init__ re-exports the name
+                # (perhaps under another name: ``from .mod import f as g``).
+                exporters = self.resolver.exporters(defined_in, name)
+                names |= {local for _f, local in exporters}
+                for alias in names - {name}:
+                    files = sorted(set(files) | set(self.index.containing([alias])))
+                needles = {_stem(defined_in)} | {_stem(f) for f, _local in exporters}
                 here = str(Path(defined_in).parent)
-                files = [f for f in files if f == defined_in or needle in (self.index.raw(f) or b"")]
+                files = [
+                    f
+                    for f in files
+                    if f == defined_in or any(n.encode() in (self.index.raw(f) or b"") for n in needles)
+                ]
                 files.sort(key=lambda f: (f != defined_in, str(Path(f).parent) != here, "model" not in f, f))
             else:
                 files.sort(key=lambda f: ("model" not in f, f))
@@ -104,10 +121,10 @@ class Units:
                 mod = self.index.module(file)
                 if mod is None:
                     continue
-                known = name in self.known_names(file)
+                known = self.known_names(file)
                 for node in mod.nodes:
-                    if isinstance(node, ast.Call) and _callee(node) == name:
-                        if not known and not isinstance(node.func, ast.Attribute):
+                    if isinstance(node, ast.Call) and (callee := _callee(node)) in names:
+                        if callee not in known and not isinstance(node.func, ast.Attribute):
                             continue
                         unit, func = mod.scope_of(node)
                         found.append(CallSite(file, unit, func, node, mod))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from speedtrap.targets.smolmoe.config import SmolMoEConfig
 from speedtrap.targets.smolmoe.convert import build_smol_moe, config_from_hf
 from speedtrap.targets.smolmoe.model import SmolMoE
 from speedtrap.targets.smolmoe.patches import build_extra_patches, build_patches
-from speedtrap.targets.smolmoe.weights import DenseWeights, load_dense
+from speedtrap.targets.smolmoe.weights import DenseWeights, default_gguf_path, load_dense
 
 __all__ = [
     "SOURCE_DIR",
@@ -20,6 +21,7 @@ __all__ = [
     "SmolMoETarget",
     "build_extra_patches",
     "build_patches",
+    "default_gguf_path",
     "dense_weights",
     "load_dense",
 ]
@@ -40,18 +42,20 @@ class SmolMoETarget:
         "with mHC residuals; 8 speed patches"
     )
 
+    chats = True
+
     def patch_infos(self) -> list[PatchInfo]:
         return [p.info for p in build_patches()]
 
-    def load(self, overrides: dict[str, str] | None = None, extra_patches: bool = False) -> InProcessModel:
+    def load(self, overrides: Mapping[str, str] | None = None, extra_patches: Sequence[Patch] = ()) -> InProcessModel:
+        """The model with its eight patches, the constructed extras (switched on only by name) and
+        the caller's ``extra_patches``."""
         dense = dense_weights()
         config = config_from_hf(dense.hf_config)
         if overrides:
             config = config.with_overrides(dict(overrides))
         model = build_smol_moe(dense.state, config)
-        catalog: list[Patch] = build_patches(config)
-        if extra_patches:
-            catalog += build_extra_patches(config)
+        catalog: list[Patch] = [*build_patches(config), *build_extra_patches(config), *extra_patches]
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(dense.tokenizer_dir))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from speedtrap._errors import PatchError
-from speedtrap.patching import Gate, GateKind, Patch, PatchInfo, PatchKind, Phase, Undo
+from speedtrap.patching import Gate, Patch, PatchInfo, PatchKind, Phase, Undo
 from speedtrap.targets.smolmoe.config import SmolMoEConfig
 from speedtrap.targets.smolmoe.model import (
     KVCache,
@@ -35,7 +35,7 @@ ENV_PREFIX = "SPEEDTRAP_SMOLMOE_"
 
 
 def env_gate(name: str) -> Gate:
-    return Gate(GateKind.ENV, ENV_PREFIX + name.upper())
+    return Gate.env_var(ENV_PREFIX + name.upper())
 
 
 @cache
@@ -290,7 +290,7 @@ def build_patches(config: SmolMoEConfig | None = None) -> list[Patch]:
             _info(
                 "hash_topk_routed_scaling",
                 "Let HashTopK apply routed_scaling_factor on its output weights (was: assert not implemented).",
-                Gate(GateKind.CONFIG, "apply_routed_scaling_factor_on_output", "true"),
+                Gate.config_key("apply_routed_scaling_factor_on_output", "true"),
                 PatchKind.SCALING,
                 hash_layers,
                 hash_scope,

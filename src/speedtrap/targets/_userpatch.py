@@ -2,8 +2,12 @@
 
 The function receives the model (for ``hf:`` targets the transformers model itself) and returns
 an undo handle: a :class:`speedtrap.patching.Undo` or any zero-argument callable. It is wrapped
-as a patch object with a :class:`PatchInfo` (ungated; kind ``kernel`` unless the function sets
-``speedtrap_kind``). Every module the function swaps in, and every ``forward`` it rebinds, is
+as a patch like the catalogue's, with a :class:`PatchInfo`: switched in-process by name (gate
+``in-process``), and the facts the user declares as attributes of the function:
+``speedtrap_kind`` (``precision``, ``scaling``, ...; default ``kernel``), ``speedtrap_layers``
+(layer indices), ``speedtrap_scope`` (the layers in words), ``speedtrap_phases``
+(``("prefill",)``, ``("decode",)``; default both) and ``speedtrap_diff`` (a unified diff, read by
+triage). Every module the function swaps in, and every ``forward`` it rebinds, is
 guarded: an exception raised there while the model runs becomes a :class:`PatchError` that names
 the patch, not a traceback from deep inside the model.
 """
@@ -18,12 +22,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import PatchError, SpeedtrapError, UsageError
 from speedtrap.patching import Gate, GateKind, PatchInfo, PatchKind, Phase, Undo
+
+if TYPE_CHECKING:  # torch loads with the model, not with the CLI
+    from torch import nn
 
 BOTH = frozenset({Phase.PREFILL, Phase.DECODE})
 
@@ -42,26 +47,50 @@ def load_user_patch(spec: str) -> UserPatch:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UsageError(f"{where} has no function {attr!r} (patch {spec!r})", f"define def {attr}(model): ... there")
+    info = _declared_info(spec, where, fn)
+    return UserPatch(info, fn)
+
+
+def _declared_info(spec: str, where: str, fn: Callable[..., Any]) -> PatchInfo:
+    """The patch facts the function declares (attributes ``speedtrap_*``), with defaults."""
     doc = (fn.__doc__ or "").strip().splitlines()
-    kind_name = str(getattr(fn, "speedtrap_kind", PatchKind.KERNEL.value))
+    kind = _enum(PatchKind, getattr(fn, "speedtrap_kind", PatchKind.KERNEL.value), spec, "speedtrap_kind")
+    raw_phases = getattr(fn, "speedtrap_phases", None)
+    phases = BOTH
+    if raw_phases is not None:
+        items = [raw_phases] if isinstance(raw_phases, str) else list(raw_phases)
+        phases = frozenset(_enum(Phase, p, spec, "speedtrap_phases") for p in items) or BOTH
     try:
-        kind = PatchKind(kind_name)
-    except ValueError:
-        raise UsageError(
-            f"patch {spec!r} declares speedtrap_kind={kind_name!r}", f"use one of {[k.value for k in PatchKind]}"
-        ) from None
-    info = PatchInfo(
+        layers = tuple(int(x) for x in getattr(fn, "speedtrap_layers", ()))
+    except (TypeError, ValueError):
+        raise UsageError(f"patch {spec!r} declares speedtrap_layers that are not integers", "e.g. (0, 1, 2)") from None
+    scope = str(getattr(fn, "speedtrap_scope", "") or _scope_words(layers))
+    return PatchInfo(
         name=spec,
         summary=doc[0] if doc else f"user patch {spec}",
-        gate=Gate(GateKind.UNGATED),
+        gate=Gate(GateKind.IN_PROCESS),
         kind=kind,
-        layers=(),
-        scope="user patch (layers unknown)",
-        phases=BOTH,
-        diff="",
+        layers=layers,
+        scope=scope,
+        phases=phases,
+        diff=str(getattr(fn, "speedtrap_diff", "") or ""),
         file=where,
     )
-    return UserPatch(info, fn)
+
+
+def _enum(cls: Any, value: Any, spec: str, attr: str) -> Any:
+    try:
+        return cls(str(value))
+    except ValueError:
+        raise UsageError(f"patch {spec!r} declares {attr}={value!r}", f"use one of {[k.value for k in cls]}") from None
+
+
+def _scope_words(layers: tuple[int, ...]) -> str:
+    if not layers:
+        return "user patch (layers unknown)"
+    if layers == tuple(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
+        return f"layers {layers[0]}-{layers[-1]}"
+    return "layers " + ", ".join(str(x) for x in layers)
 
 
 def _import(where: str, spec: str) -> Any:

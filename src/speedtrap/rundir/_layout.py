@@ -17,6 +17,7 @@ rerun reuses it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -24,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedtrap.report._commands import Source
-from speedtrap.report._io import write_atomic
+from speedtrap.rundir._io import write_atomic
+from speedtrap.rundir._source import Source
 
 RUN_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -42,7 +43,15 @@ def slug(text: str) -> str:
 
 
 def patches_slug(patches: tuple[str, ...] | list[str]) -> str:
-    return slug("-".join(patches)) if patches else "baseline"
+    """A file-name part for a patch set; a user's ``path/file.py:function`` becomes ``function-<hash>``
+    (paths are long and would make two sets share a truncated slug)."""
+    return slug("-".join(_short(p) for p in patches)) if patches else "baseline"
+
+
+def _short(name: str) -> str:
+    if ":" not in name:
+        return name
+    return f"{name.rpartition(':')[2]}-{hashlib.sha1(name.encode()).hexdigest()[:6]}"
 
 
 def now_iso() -> str:

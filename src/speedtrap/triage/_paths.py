@@ -1,0 +1,144 @@
+"""Double application judged on paths: a patch that lets a factor reach a multiply under conditions
+where another multiply already applies it, where before the two were exclusive.
+
+Two kinds of "other" multiply are checked: the ones the same function's other uses of the factor
+reach (``router(scale=f if not on_output else 1.0)`` next to ``runner(scale=f if on_output else 1.0)``),
+and the multiplies of the factor in units on the same execution path (``Units.relation``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+
+from speedtrap.triage._flow import Flow, IdentityChange, Reach
+from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._pyast import Module
+from speedtrap.triage._trace import MULTIPLY, DoubleApplication, Site, aliases_of, clash
+from speedtrap.triage._units import Units
+
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_REACH = "lets the factor reach"
+
+
+def _words(literals: Iterable[tuple[str, bool]]) -> str:
+    parts = [f"{atom} is {'set' if on else 'not set'}" for atom, on in literals]
+    return " and ".join(dict.fromkeys(parts)) or "always"
+
+
+def _also(more: Iterable[Reach]) -> str:
+    wheres = [r.site.where for r in more]
+    if not wheres:
+        return ""
+    extra = f" and {len(wheres) - 6} more" if len(wheres) > 6 else ""
+    return f" (and, by other routes, {', '.join(wheres[:6])}{extra})"
+
+
+def _uses(mod: Module, func: ast.AST, factor: str, skip: ast.AST) -> list[ast.AST]:
+    inside = {id(n) for n in ast.walk(skip)}
+    out: list[ast.AST] = []
+    for n in ast.walk(func):
+        if id(n) in inside:
+            continue
+        if (isinstance(n, ast.Name) and n.id == factor and isinstance(n.ctx, ast.Load)) or (
+            isinstance(n, ast.Attribute) and n.attr == factor and isinstance(n.ctx, ast.Load)
+        ):
+            out.append(n)
+    return out
+
+
+def sibling_doubles(
+    change: IdentityChange, new: Module, flow: Flow, patch: str, aliases: Mapping[str, set[str]]
+) -> list[DoubleApplication]:
+    """Other uses of the factor in the same function whose multiplies now run together with the changed one's."""
+    func = next((a for a in new.ancestors(change.new_node) if isinstance(a, _FUNCS)), None)
+    if func is None or not change.reaches:
+        return []
+    slot_root: ast.AST = change.new_node
+    parent = new.parent(slot_root)
+    while isinstance(parent, (ast.IfExp, ast.keyword)):
+        slot_root, parent = parent, new.parent(parent)
+    out: list[DoubleApplication] = []
+    mine = {r.site.where for r in change.reaches}
+    for use in _uses(new, func, change.factor, slot_root):
+        lits = tuple(lit for g in new.guards(use) for lit in g.literals())
+        if clash(change.new_literals, lits, aliases):
+            continue
+        newly = clash(change.old_literals, lits, aliases)
+        if not newly:
+            continue
+        theirs = [r for r in flow.reaches(new, use) if r.site.where not in mine]
+        if not theirs:
+            continue
+        a, b = change.reaches[0], theirs[0]
+        code = new.line(getattr(use, "lineno", 0))
+        relation = (
+            f"same path: both reached from {change.function} ({change.file}): `{change.after}` "
+            f"({change.file}:{change.new_line}) now reaches {a.site.where} via {' -> '.join(a.hops) or 'itself'}"
+            f"{_also(change.reaches[1:])}, "
+            f"and `{code}` ({change.file}:{getattr(use, 'lineno', 0)}) reaches {b.site.where} via "
+            f"{' -> '.join(b.hops) or 'itself'}; both multiplies run when {_words(newly)} "
+            f"(before the patch `{change.when}` selected {change.identity} there)"
+        )
+        out.append(DoubleApplication(change.factor, patch, a.site, b.site, relation, _REACH))
+    return out
+
+
+def related_doubles(
+    change: IdentityChange,
+    base_sites: list[Site],
+    units: Units,
+    patch: str,
+    aliases: Mapping[str, set[str]],
+) -> list[DoubleApplication]:
+    """Multiplies of the factor in units on the same path that the change's multiply now runs with."""
+    out: list[DoubleApplication] = []
+    seen: set[tuple[str, str]] = set()
+    for reach in change.reaches[:4]:
+        a = reach.site
+        new_lits = (*change.new_literals, *a.literals)
+        old_lits = (*change.old_literals, *a.literals)
+        for b in base_sites:
+            if b.role != MULTIPLY or b.method != "ast" or b.where == a.where or (a.where, b.where) in seen:
+                continue
+            if clash(new_lits, b.literals, aliases):
+                continue
+            newly = clash(old_lits, b.literals, aliases)
+            if not newly:
+                continue
+            rel = units.relation(a.file, a.unit, b.file, b.unit)
+            if rel is None:
+                continue
+            seen.add((a.where, b.where))
+            relation = (
+                f"same path: {rel[0]}; `{change.after}` ({change.file}:{change.new_line}) now reaches "
+                f"{a.where}, and {b.function} applies it when {_words(newly)} "
+                f"(before the patch `{change.when}` selected {change.identity} there)"
+            )
+            out.append(DoubleApplication(change.factor, patch, a, b, relation, _REACH))
+    return out
+
+
+def path_doubles(
+    changes: list[IdentityChange],
+    post: SourceIndex,
+    flow: Flow,
+    units: Units,
+    base_sites: Mapping[str, list[Site]],
+    patch: str,
+) -> list[DoubleApplication]:
+    """Every double application the identity changes of one patch make possible."""
+    out: list[DoubleApplication] = []
+    for change in changes:
+        new = change.module or post.module(change.file)
+        if new is None:
+            continue
+        files = {change.file, *(r.site.file for r in change.reaches)}
+        files |= {s.file for r in change.reaches[:4] for s in units.callers(r.site.unit or "", r.site.file)}
+        files |= {s.file for s in base_sites.get(change.factor, []) if s.role == MULTIPLY and s.method == "ast"}
+        aliases = aliases_of(m for m in (post.module(f) for f in sorted(files)) if m is not None)
+        found = sibling_doubles(change, new, flow, patch, aliases)
+        if not found:
+            found = related_doubles(change, base_sites.get(change.factor, []), units, patch, aliases)
+        out.extend(found)
+    return out
