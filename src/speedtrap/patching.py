@@ -37,6 +37,7 @@ class GateKind(enum.StrEnum):
     CONFIG = "config"  # a model-config key selects it: config-conditional, harder to A/B
     UNGATED = "ungated"  # compiled in: cannot be switched off without a rebuild
     IN_PROCESS = "in-process"  # applied by name to an in-process model (a user's module:function patch)
+    COMMIT = "commit"  # a commit of the stack's source: switched by the worktree a trial runs from
 
 
 _ON = frozenset({"1", "true", "yes", "on"})

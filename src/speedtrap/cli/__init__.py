@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from speedtrap.cli import _demo as _demo
+from speedtrap.cli import _init as _init
 from speedtrap.cli import _isolate as _isolate
 from speedtrap.cli import _localize as _localize
 from speedtrap.cli import _probe as _probe

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from speedtrap._stats import wilson
+from speedtrap.isolate._commits import CommitConflict, CommitTrees
 from speedtrap.isolate._defaults import DEFAULT_PROBE, DEFAULT_VERDICT, build_manifest, default_run_dir
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import (
@@ -39,12 +40,14 @@ from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOra
 from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
+    CommitPatch,
     CulpritSet,
     Interaction,
     InteractionKind,
     IsolateResult,
     Judgement,
     Outcome,
+    PatchRelation,
     Status,
     Trial,
     Verdict,
@@ -53,11 +56,21 @@ from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_f
 from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore, stored_trials, trial_key
+from speedtrap.isolate._worktree import (
+    Worktrees,
+    commit_order,
+    commit_target_fields,
+    resolve_commits_in,
+    scan_relations,
+)
 
 __all__ = [
     "DEFAULT_PROBE",
     "DEFAULT_VERDICT",
     "CommandNotFound",
+    "CommitConflict",
+    "CommitPatch",
+    "CommitTrees",
     "CulpritSet",
     "Evaluator",
     "Executor",
@@ -74,6 +87,7 @@ __all__ = [
     "Oracle",
     "OracleRecipe",
     "Outcome",
+    "PatchRelation",
     "PatchSpec",
     "ProbeSpec",
     "RayExecutor",
@@ -95,7 +109,10 @@ __all__ = [
     "TrialStore",
     "Verdict",
     "VerdictSpec",
+    "Worktrees",
     "build_manifest",
+    "commit_order",
+    "commit_target_fields",
     "default_run_dir",
     "free_port",
     "isolate",
@@ -108,8 +125,10 @@ __all__ = [
     "oracle_recipe",
     "parse_manifest",
     "parse_patches",
+    "resolve_commits_in",
     "rule_from_spec",
     "run_trial",
+    "scan_relations",
     "stored_trials",
     "trial_key",
     "wilson",

@@ -69,6 +69,7 @@ from speedtrap.isolate._spec import (
     TargetSpec,
     VerdictSpec,
 )
+from speedtrap.isolate._worktree import commit_target_fields, resolve_commit_patches
 
 __all__ = [
     "IsolateManifest",
@@ -95,6 +96,9 @@ _TARGET_KEYS = {
     "config_args",
     "retries",
     "cwd",
+    "repo",
+    "base",
+    "pythonpath",
 }
 # kind / scope / phases are facts a patch's author may declare for triage; isolate ignores them.
 _PATCH_KEYS = {
@@ -110,6 +114,7 @@ _PATCH_KEYS = {
     "kind",
     "scope",
     "phases",
+    "commit",
 }
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
@@ -135,6 +140,7 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     """
     target = _target(table(data, "target", required=True), base)
     patches = parse_patches(data.get("patches"), base, required=not target.in_process)
+    target, patches = resolve_commit_patches(target, patches)
     probe = _probe(table(data, "probe"), target)
     verdict = _verdict(table(data, "verdict"), probe)
     search = table(data, "search")
@@ -174,7 +180,7 @@ def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
     if name is not None:
         if not isinstance(name, str) or not name.strip():
             raise ManifestError("target.name must be a non-empty string", 'write name = "smol-moe"')
-        for key in ("model", "health", "served_model", "config_args", "env", "start_timeout"):
+        for key in ("model", "health", "served_model", "config_args", "env", "start_timeout", "repo"):
             if key in raw:
                 raise ManifestError(f"target.{key} is for servers, not in-process targets", f"drop target.{key}")
         return TargetSpec(name=name, overrides=str_table(raw.get("overrides", {}), "target.overrides"))
@@ -211,6 +217,7 @@ def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
         config_args=tuple(config_args),
         retries=integer(raw.get("retries", 1), "target.retries", minimum=0),
         cwd=resolve(base, cwd) if cwd else None,
+        **commit_target_fields(raw, base),
     )
 
 
@@ -252,6 +259,11 @@ def parse_patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]
         summary = entry.get("summary", "")
         if not isinstance(summary, str):
             raise ManifestError(f"{where}.summary must be a string", "quote it")
+        commit = entry.get("commit")
+        if commit is not None and (not isinstance(commit, str) or not commit.strip()):
+            raise ManifestError(f"{where}.commit must be a sha or A..B (a string)", 'write commit = "3f2a9c1"')
+        if commit is not None and gate == "ungated":
+            raise ManifestError(f"{where} is a commit: it can be switched, so it is not ungated", "drop gate")
         requires = tuple(str_list(entry.get("requires", []), f"{where}.requires"))
         conflicts = tuple(str_list(entry.get("conflicts", []), f"{where}.conflicts"))
         out.append(
@@ -265,6 +277,7 @@ def parse_patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]
                 summary,
                 requires,
                 conflicts,
+                commit.strip() if commit is not None else None,
             )
         )
     check_relations(out)

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -29,6 +30,7 @@ from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
+from speedtrap.isolate._worktree import Worktrees
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -209,6 +211,8 @@ class ServerOracle:
         self.always_on = [p.name for p in patches if p.ungated]
         self._reference: Server | None = None
         self.reference_launches = 0
+        self._worktrees: Worktrees | None = None
+        self._worktrees_lock = threading.Lock()
 
     def identity(self) -> dict[str, object]:
         return {
@@ -223,10 +227,16 @@ class ServerOracle:
     def launch_spec(self, config: Config, port: int) -> LaunchSpec:
         """argv and env for one configuration: the base environment without any patch's variables."""
         values = {"port": str(port), "model": self.target.model or ""}
+        worktree = self.worktree(config)
+        if worktree is not None:
+            values["worktree"] = str(worktree)
         argv = render(self.target.launch, values)
         switches = {key for p in self.patches.values() for key, _ in p.env}
         env = {k: v for k, v in os.environ.items() if k not in switches}
-        env.update(dict(self.target.env))
+        env.update({k: render([v], values)[0] for k, v in self.target.env})
+        if worktree is not None:
+            first = [str(worktree / d) for d in self.target.pythonpath]
+            env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [env.get("PYTHONPATH", "")])])
         on = set(config)
         for name in self.order:
             if name not in on:
@@ -237,9 +247,17 @@ class ServerOracle:
             for key, value in patch.config:
                 argv += render(self.target.config_args, {"key": key, "value": value})
         health = render([self.target.health], values)[0]
-        return LaunchSpec(
-            tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, self.target.cwd
-        )
+        cwd = self.target.cwd or worktree  # never the user's checkout: `python -m` imports from the cwd first
+        return LaunchSpec(tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, cwd)
+
+    def worktree(self, config: Config) -> Path | None:
+        """The worktree of ``config``'s commits (base + them, cherry-picked), for targets with a repo."""
+        if self.target.repo is None:
+            return None
+        with self._worktrees_lock:
+            if self._worktrees is None:
+                self._worktrees = Worktrees(self.target, [self.patches[n] for n in self.order])
+        return self._worktrees.path(config)
 
     def _log(self, request: TrialRequest, attempt: int, suffix: str = "") -> Path:
         if request.workdir is None:
@@ -314,6 +332,9 @@ class ServerOracle:
         if self._reference is not None:
             self._reference.stop()
             self._reference = None
+        if self._worktrees is not None:
+            self._worktrees.close()
+            self._worktrees = None
 
 
 def _with_log(exc: SpeedtrapError, log: Path) -> SpeedtrapError:

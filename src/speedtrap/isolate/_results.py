@@ -169,6 +169,42 @@ class Interaction:
         )
 
 
+@dataclass(frozen=True)
+class PatchRelation:
+    """``patch`` requires / conflicts with ``others``: declared in the manifest, or read off the commits."""
+
+    kind: str  # "requires" | "conflicts"
+    patch: str
+    others: Config
+    source: str  # "manifest" | "commits" (found by applying commits on the base, before any launch)
+    why: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "patch": self.patch, "others": list(self.others), "source": self.source,
+                "why": self.why}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PatchRelation:
+        return cls(str(d["kind"]), str(d["patch"]), _config(d["others"]), str(d["source"]), str(d.get("why", "")))
+
+
+@dataclass(frozen=True)
+class CommitPatch:
+    """A commit patch as the report shows it: its commits, subject and diff."""
+
+    patch: str
+    commits: Config
+    subject: str
+    diff: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "commits": list(self.commits), "subject": self.subject, "diff": self.diff}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CommitPatch:
+        return cls(str(d["patch"]), _config(d.get("commits", [])), str(d.get("subject", "")), str(d.get("diff", "")))
+
+
 class Status(enum.StrEnum):
     FOUND = "found"  # culprit sets (and/or interactions) found and checked
     BASELINE_FAILS = "baseline_fails"  # the configuration with no patch already fails: nothing to blame
@@ -194,6 +230,8 @@ class IsolateResult:
     rule: dict[str, Any] = field(default_factory=dict)
     target: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    relations: tuple[PatchRelation, ...] = ()  # relations read off commit patches (requires / conflicts)
+    commits: tuple[CommitPatch, ...] = ()  # the commit patches: subject and diff of each
 
     @property
     def culprit_names(self) -> list[Config]:
@@ -216,6 +254,8 @@ class IsolateResult:
             "rule": dict(self.rule),
             "target": dict(self.target),
             "notes": list(self.notes),
+            "relations": [r.to_json() for r in self.relations],
+            "commits": [c.to_json() for c in self.commits],
         }
 
     @classmethod
@@ -236,6 +276,8 @@ class IsolateResult:
             rule=dict(d.get("rule", {})),
             target=dict(d.get("target", {})),
             notes=tuple(str(n) for n in d.get("notes", [])),
+            relations=tuple(PatchRelation.from_json(r) for r in d.get("relations", [])),
+            commits=tuple(CommitPatch.from_json(c) for c in d.get("commits", [])),
         )
 
     def summary(self) -> str:
@@ -248,6 +290,8 @@ class IsolateResult:
             lines.append(f"interaction ({i.kind.value}): {' + '.join(i.patches)} — {i.explanation}")
         for cfg in self.inconclusive:
             lines.append(f"inconclusive: {{{', '.join(cfg)}}}")
+        for r in self.relations:
+            lines.append(f"relation: {r.patch} {r.kind} {' + '.join(r.others)} ({r.source}: {r.why})")
         lines.append(f"trials run: {self.launches}, reused from the store: {self.reused}")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)

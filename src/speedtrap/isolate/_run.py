@@ -18,6 +18,7 @@ from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
+from speedtrap.isolate._worktree import CommitRelations, declared_relations, describe_commit_patches, merged
 from speedtrap.progress import NoProgress, Progress
 
 if TYPE_CHECKING:
@@ -159,12 +160,11 @@ def _isolate(
     for i, name in enumerate(manifest.prior):
         if name not in names:
             raise ManifestError(f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(names)}")
-    searchable = [p.name for p in patches if not p.ungated]
+    commits = CommitRelations.read(manifest.target, patches)
+    searchable = [p.name for p in patches if not p.ungated and p.name not in commits.unusable]
     ungated = tuple(p.name for p in patches if p.ungated)
-    relations = Relations(
-        requires={p.name: p.requires for p in patches if p.requires},
-        conflicts=_symmetric({p.name: p.conflicts for p in patches}),
-    )
+    requires, conflicts = merged(patches, commits.requires, commits.conflicts)
+    relations = Relations(requires=requires, conflicts=_symmetric(conflicts))
     rule = rule_from_spec(manifest.verdict)
     failovers_before = getattr(executor, "failovers", 0)
     store = TrialStore(run_dir)
@@ -190,7 +190,7 @@ def _isolate(
         )
         search = Search(
             searchable,
-            evaluator,
+            commits.judge(evaluator),
             relations,
             prior=manifest.prior,
             capacity=evaluator.capacity,
@@ -203,7 +203,7 @@ def _isolate(
         except SpeedtrapError:
             store.finish_run(run_id, "aborted", None)
             raise
-        notes = list(result.notes)
+        notes = [*result.notes, *commits.notes()]
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
         failovers = getattr(executor, "failovers", 0) - failovers_before
@@ -223,6 +223,9 @@ def _isolate(
             rule={**rule.to_json(), "repeats": manifest.verdict.repeats},
             target=manifest.target.to_json(),
             notes=tuple(notes),
+            not_searched={**result.not_searched, **commits.unusable},
+            relations=(*declared_relations(patches), *commits.relations),
+            commits=describe_commit_patches(manifest.target, patches),
         )
         store.finish_run(run_id, result.status.value, result.to_json())
         if run_dir is not None:
@@ -231,6 +234,7 @@ def _isolate(
     finally:
         oracle.close()
         store.close()
+        commits.close()
 
 
 def make_executor(manifest: IsolateManifest, workers: int | None = None) -> Executor:

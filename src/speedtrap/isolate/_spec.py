@@ -29,12 +29,17 @@ class PatchSpec:
     summary: str = ""
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
+    commit: str | None = None  # as written: a sha or A..B of target.repo
+    commits: tuple[str, ...] = ()  # resolved: full shas, in history order
+    commit_rank: tuple[int, ...] = field(default=(), compare=False)  # each commit's place in base..HEAD
 
     @property
     def gate(self) -> Gate:
         """How it is switched on (one of the patching module's gates)."""
         if self.ungated:
             kind = GateKind.UNGATED
+        elif self.commit is not None and not (self.env or self.args or self.config):
+            kind = GateKind.COMMIT
         else:
             kind = (
                 GateKind.ENV
@@ -49,7 +54,10 @@ class PatchSpec:
 
     def switch(self) -> dict[str, Any]:
         """What turns it on: part of a trial's identity (changing a switch changes the trial)."""
-        return {"env": dict(self.env), "args": list(self.args), "config": dict(self.config), "ungated": self.ungated}
+        out = {"env": dict(self.env), "args": list(self.args), "config": dict(self.config), "ungated": self.ungated}
+        if self.commit is not None:
+            out["commits"] = list(self.commits or (self.commit,))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +68,7 @@ class PatchSpec:
             "summary": self.summary,
             "requires": list(self.requires),
             "conflicts": list(self.conflicts),
+            **({"commit": self.commit, "commits": list(self.commits)} if self.commit is not None else {}),
         }
 
 
@@ -79,6 +88,9 @@ class TargetSpec:
     config_args: tuple[str, ...] = ("--set", "{key}={value}")
     retries: int = 1
     cwd: Path | None = None
+    repo: Path | None = None  # commit patches: the stack's git checkout (only read)
+    base: str | None = None  # commit patches: the commit they apply to (resolved: a full sha)
+    pythonpath: tuple[str, ...] = (".",)  # commit patches: worktree folders put first on PYTHONPATH
 
     @property
     def in_process(self) -> bool:
@@ -93,6 +105,7 @@ class TargetSpec:
             "served_model": self.served_model,
             "env": dict(self.env),
             "config_args": list(self.config_args),
+            **({"base": self.base, "pythonpath": list(self.pythonpath)} if self.repo is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -112,6 +125,8 @@ class TargetSpec:
             retries=self.retries,
             cwd=str(self.cwd) if self.cwd else None,
         )
+        if self.repo is not None:
+            out.update(repo=str(self.repo), base=self.base, pythonpath=list(self.pythonpath))
         return out
 
 

@@ -24,6 +24,7 @@ from speedtrap.report._model import (
     _f,
 )
 from speedtrap.report._stages import (
+    CommitRow,
     IsolationSection,
     JudgementRow,
     LayerSection,
@@ -133,7 +134,32 @@ def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSec
         reused=int(doc.get("reused", 0)),
         notes=tuple(str(n) for n in doc.get("notes", [])),
         command=command,
+        commits=tuple(_commit_row(doc, dict(c)) for c in doc.get("commits", [])),
     )
+
+
+def _commit_row(doc: Mapping[str, Any], c: dict[str, Any]) -> CommitRow:
+    """A commit patch and its verdict in words, from the isolate result's own fields."""
+    name = str(c["patch"])
+    sets = [tuple(str(p) for p in s.get("patches", [])) for s in doc.get("culprits", [])]
+    mine = [s for s in sets if name in s]
+    not_searched = doc.get("not_searched") or {}
+    if mine:
+        others = sorted({p for s in mine for p in s} - {name})
+        verdict = "culprit" + (f" (together with {', '.join(others)})" if others else "")
+    elif name in not_searched:
+        verdict = f"not searched: {not_searched[name]}"
+    elif doc.get("status") == "found" and name in doc.get("searched", []):
+        verdict = "cleared (in no culprit set)"
+    else:
+        verdict = f"no verdict (search: {doc.get('status', '-')})"
+    relations = tuple(
+        f"{r['kind']} {' + '.join(r.get('others', []))} (read off {r.get('source', '-')})"
+        for r in doc.get("relations", [])
+        if r.get("patch") == name
+    )
+    commits = tuple(str(x) for x in c.get("commits", []))
+    return CommitRow(name, commits, str(c.get("subject", "")), str(c.get("diff", "")), verdict, relations)
 
 
 def _growth(g: Mapping[str, Any]) -> LayerGrowth:

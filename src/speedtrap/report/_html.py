@@ -192,6 +192,12 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
             f"{_figures(figs, 'isolation')}<h3>Trial log</h3>{_table(_tables.trial_table(iso), fail_col=3)}"
             f"<h3>Verdicts per configuration</h3>{_table(_tables.judgement_table(iso), fail_col=1)}{notes}"
         )
+        if iso.commits:
+            diffs = "".join(
+                f"<details><summary>{_esc(c.patch)}: {_esc(c.subject)}</summary><pre>{_esc(c.diff)}</pre></details>"
+                for c in iso.commits
+            )
+            out.append(f"<h3>Commits</h3>{_table(_tables.commit_table(iso, data.triage))}{diffs}")
     if data.localization:
         parts = ['<h2 id="localization">Localization</h2>']
         for loc in data.localization:

@@ -93,6 +93,11 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
         out.append("\n### Trial log\n\n" + _table(_tables.trial_table(iso)))
         out.append("\n### Verdicts per configuration\n\n" + _table(_tables.judgement_table(iso)))
         out += [f"note: {n}\n" for n in iso.notes]
+        if iso.commits:
+            out.append("\n### Commits\n\n" + _table(_tables.commit_table(iso, data.triage)))
+            for row in iso.commits:
+                fence = "~~~~" if "~~~" in row.diff else "~~~"
+                out.append(f"\n#### {row.patch}: {row.subject}\n\n{fence}diff\n{row.diff.rstrip()}\n{fence}\n")
     if data.localization:
         out.append("\n## Localization\n")
         for loc in data.localization:

@@ -72,6 +72,35 @@ class JudgementRow:
 
 
 @dataclass(frozen=True)
+class CommitRow:
+    """A commit patch next to its verdict: commits, subject, diff, and what the search concluded."""
+
+    patch: str
+    commits: tuple[str, ...]
+    subject: str
+    diff: str
+    verdict: str  # culprit | cleared | not searched: ... | no verdict (...)
+    relations: tuple[str, ...] = ()  # "requires x (read off the commits)", ...
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "patch": self.patch,
+            "commits": list(self.commits),
+            "subject": self.subject,
+            "diff": self.diff,
+            "verdict": self.verdict,
+            "relations": list(self.relations),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CommitRow:
+        return cls(
+            str(d["patch"]), _strs(d.get("commits")), str(d.get("subject", "")), str(d.get("diff", "")),
+            str(d.get("verdict", "")), _strs(d.get("relations")),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class IsolationSection:
     status: str  # found | baseline_fails | full_passes | inconclusive | error | incomplete
     message: str
@@ -87,9 +116,11 @@ class IsolationSection:
     reused: int = 0
     notes: tuple[str, ...] = ()
     command: str = ""
+    commits: tuple[CommitRow, ...] = ()  # commit patches (speedtrap init / [[patches]] commit = ...)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "commits": [c.to_json() for c in self.commits],
             "status": self.status,
             "message": self.message,
             "searched": list(self.searched),
@@ -123,6 +154,7 @@ class IsolationSection:
             int(d.get("reused", 0)),
             _strs(d.get("notes")),
             str(d.get("command", "")),
+            tuple(CommitRow.from_json(c) for c in d.get("commits", [])),
         )
 
 

@@ -158,3 +158,23 @@ def stage_table(data: ReportData) -> Table:
         (s.name, s.status, "-" if s.seconds is None else f"{s.seconds:.1f}", s.detail or "-") for s in data.run.stages
     )
     return Table(("stage", "status", "seconds", "detail"), rows, (2,))
+
+
+def commit_table(section: IsolationSection, triage: TriageSection | None) -> Table:
+    """Each commit patch: its commit, subject, verdict and relations, and triage's tier and reasons."""
+    ranks = {r.name: r for r in triage.rows} if triage is not None else {}
+    rows = []
+    for c in section.commits:
+        t = ranks.get(c.patch)
+        sha = c.commits[0][:10] + (f" (+{len(c.commits) - 1})" if len(c.commits) > 1 else "") if c.commits else "-"
+        rows.append(
+            (
+                c.patch,
+                sha,
+                c.subject or "-",
+                c.verdict + ("; " + "; ".join(c.relations) if c.relations else ""),
+                str(t.tier) if t else "-",
+                "; ".join(t.reasons) if t and t.reasons else "-",
+            )
+        )
+    return Table(("patch", "commit", "subject", "verdict", "triage tier", "triage reasons"), tuple(rows), (4,), (1,))

@@ -83,6 +83,10 @@ def _isolation_sentence(iso: IsolationSection) -> str:
         value = figures.get(tuple(sorted(c.patches)))
         shown = f" ({iso.metric} = {fmt(value)})" if value is not None else ""
         drop = "it alone fails" if len(c.patches) == 1 else "the set fails and dropping any one of them passes"
+        commits = [
+            f"commit {r.commits[0][:10]}: {r.subject}" for r in iso.commits if r.patch in c.patches and r.commits
+        ]
+        shown += f" ({'; '.join(commits)})" if commits else ""
         found.append(f"{_code(c.patches)}: {drop}{shown}")
     if found:
         text += ": " + "; ".join(found)

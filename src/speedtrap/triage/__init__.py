@@ -13,6 +13,7 @@ from pathlib import Path
 
 from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._init import InitResult, init_manifest
 from speedtrap.triage._inspect import (
     InspectReport,
     inspect_process,
@@ -40,6 +41,7 @@ __all__ = [
     "DoubleApplication",
     "FilePatch",
     "Hunk",
+    "InitResult",
     "InspectReport",
     "Manifest",
     "PatchInput",
@@ -53,6 +55,7 @@ __all__ = [
     "from_git_range",
     "from_manifest",
     "from_target",
+    "init_manifest",
     "inspect_process",
     "load_manifest",
     "parse_diff",

@@ -11,6 +11,7 @@ what it needs of each patch, and the optional ``tree``::
     args = ["--enable-foo"]            # optional: launch arguments that switch it on
     config = { apply_x = "true" }      # optional: model-config keys that select it
     diff = "patches/mhc.diff"          # optional: relative to the manifest
+    commit = "3f2a9c1"                 # optional: a commit (or A..B) of [target] repo; its diff is read from git
     gate = "ungated"                   # optional: compiled in, no switch
     summary = "..."                    # optional
 """
@@ -31,9 +32,10 @@ ENV, FLAG, CONFIG, UNGATED = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG, GateK
 @dataclass(frozen=True)
 class ManifestPatch:
     name: str
-    gate: Gate
+    gate: Gate | None  # None: a commit patch with no switch (triage reads its gate off the diff)
     diff_path: Path | None
     summary: str = ""
+    commits: tuple[str, ...] = ()  # a commit patch: its commits (full shas) in [target] repo
 
 
 @dataclass(frozen=True)
@@ -42,23 +44,41 @@ class Manifest:
     patches: tuple[ManifestPatch, ...]
     tree: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    repo: Path | None = None  # commit patches: [target] repo and its base (a full sha)
+    base: str | None = None
 
 
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.isolate import parse_patches
+    from speedtrap.isolate import parse_patches, resolve_commits_in
 
     path = Path(path)
     data = read_manifest_toml(path)
     if data.get("patches") is None:
         raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
     specs = parse_patches(data.get("patches"), path.parent, required=True)
+    repo, base = _commits(data, path.parent, specs)
+    if repo is not None:
+        repo, base, specs = resolve_commits_in(repo, base, specs)
     patches = tuple(
-        ManifestPatch(p.name, p.gate,
-                      p.diff, p.summary)
+        ManifestPatch(p.name, None if p.gate.kind is GateKind.COMMIT else p.gate, p.diff, p.summary, p.commits)
         for p in specs
-    )  # fmt: skip
+    )
     tree = data.get("tree")
     if tree is not None and not isinstance(tree, str):
         raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
-    return Manifest(path, patches, (path.parent / tree) if tree else None)
+    return Manifest(path, patches, (path.parent / tree) if tree else None, repo=repo, base=base)
+
+
+def _commits(data: dict[str, Any], base: Path, specs: Any) -> tuple[Path | None, str | None]:
+    from speedtrap.isolate import commit_target_fields
+
+    target = data.get("target")
+    fields = commit_target_fields(target if isinstance(target, dict) else {}, base)
+    repo = fields["repo"]
+    if repo is None and any(p.commit is not None for p in specs):
+        raise ManifestError(
+            "the manifest's patches are commits but [target] names no repository",
+            'add repo = "path/to/checkout" and base = "<sha>" to [target]',
+        )
+    return repo, fields["base"]

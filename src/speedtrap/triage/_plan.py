@@ -34,6 +34,9 @@ def _switch(p: PatchReport) -> tuple[str, str]:
     if g.kind == CONFIG:
         key, value = g.config[0]
         return f"set `{key}` to the opposite of `{value}` in the model config and relaunch", "config edit + relaunch"
+    if p.patch.commits:
+        sha = p.patch.commits[0][:12]
+        return f"leave commit `{sha}` out of the trial's worktree (`speedtrap bisect --manifest`)", "switch (commit)"
     origin = p.patch.origin
     how = f"`git revert {origin.split()[1]}`" if origin.startswith("commit ") else "revert the diff"
     return f"{how} and rebuild", "rebuild"
@@ -182,8 +185,8 @@ def render_plan(report: TriageReport, source_args: list[str] | None = None) -> s
     for p in report.patches:
         off, kind = _switch(p)
         lines.append(f"| `{p.name}` | {p.tier} | {_md(off)} | {kind} |")
-    switchable = [p for p in t1 if p.gate.kind in (ENV, FLAG)]
-    static = [p for p in t1 if p.gate.kind not in (ENV, FLAG)]
+    switchable = [p for p in t1 if p.gate.kind in (ENV, FLAG) or p.patch.commits]
+    static = [p for p in t1 if p not in switchable]
     lines += ["", "## Order of work", ""]
     step = 1
     if static:

@@ -33,6 +33,7 @@ class PatchInput:
     gate: Gate | None = None  # declared gate; None when nobody said
     file_hint: str = ""  # the file a single-file diff applies to, when its paths do not say
     declared: dict[str, Any] = field(default_factory=dict, compare=False)  # kind, scope, phases
+    commits: tuple[str, ...] = ()  # a manifest's commit patch: switched per trial by a worktree
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,10 +140,7 @@ def from_git_range(repo: Path, rng: str, tree: Path | None) -> PatchSet:
     tmp = None
     given_tree = tree
     if tree is None:
-        tmp = tempfile.TemporaryDirectory(prefix="speedtrap-tree-")
-        data = _git(repo, "archive", "--format=tar", a, binary=True)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp.name, filter="data")
+        tmp = _archive(repo, a)
         tree = Path(tmp.name)
     args = ["--range", rng, "--repo", str(repo)] + (["--tree", str(given_tree)] if given_tree else [])
     return PatchSet(patches, tree, f"{len(patches)} commit(s) {rng} in {repo}", args, tmp)
@@ -163,9 +161,32 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
                 ) from None
             diff = decode_diff(data, f"diff of patch {mp.name!r}")
             parse_diff(diff, f"diff of patch {mp.name!r}")
-        patches.append(PatchInput(mp.name, diff, f"manifest {path}", mp.summary, mp.gate))
+        origin = f"manifest {path}"
+        if mp.commits and manifest.repo is not None:
+            diff = "".join(_commit_diff(manifest.repo, sha) for sha in mp.commits) or None
+            origin = f"commit {mp.commits[0][:12]}" + (f"..{mp.commits[-1][:12]}" if len(mp.commits) > 1 else "")
+        patches.append(PatchInput(mp.name, diff, origin, mp.summary, mp.gate, commits=mp.commits))
     args = ["--manifest", str(path)] + (["--tree", str(tree)] if tree else [])
-    return PatchSet(patches, tree or manifest.tree, f"{len(patches)} patch(es) of {path}", args)
+    tmp = None
+    tree = tree or manifest.tree
+    if tree is None and manifest.repo is not None and manifest.base is not None:
+        tmp = _archive(manifest.repo, manifest.base)
+        tree = Path(tmp.name)
+    return PatchSet(patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp)
+
+
+def _commit_diff(repo: Path, sha: str) -> str:
+    text: str = _git(repo, "show", "--no-color", "--no-ext-diff", "--format=", "--patch", sha, "--")
+    return text
+
+
+def _archive(repo: Path, rev: str) -> tempfile.TemporaryDirectory[str]:
+    """The tree of ``rev`` unpacked in a temporary directory (the source the diffs apply to)."""
+    tmp = tempfile.TemporaryDirectory(prefix="speedtrap-tree-")
+    data = _git(repo, "archive", "--format=tar", rev, binary=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(tmp.name, filter="data")
+    return tmp
 
 
 def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
