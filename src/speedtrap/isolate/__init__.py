@@ -33,7 +33,7 @@ from speedtrap.isolate._manifest import (
     load_isolate_manifest,
     parse_manifest,
 )
-from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
+from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle, report_figures
 from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
@@ -102,6 +102,7 @@ __all__ = [
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",
+    "report_figures",
     "rule_from_spec",
     "run_trial",
     "trial_key",
