@@ -159,8 +159,9 @@ def test_check_exit_codes_and_junit(cli_model: InProcessModel, in_process_record
                     str(tmp_path / "ok.xml"))  # fmt: skip
     assert passed.exit_code == 0, passed.output
     assert "speedtrap check: pass" in passed.output
+    bounds = ["--bound", "worst.kl_p99<=0.1", "--bound", "prefill.same_top1>=0.9"]
     failed = _check("--against", rec, "--target", "smol-moe", "--patches", "hash_topk_routed_scaling", "--junit",
-                    str(tmp_path / "bad.xml"), "--bound", "worst.kl_p99<=0.1", "--bound", "prefill.same_top1>=0.9")  # fmt: skip
+                    str(tmp_path / "bad.xml"), *bounds)  # fmt: skip
     assert failed.exit_code == 1, failed.output
     assert "regression: worst.kl_p99 = " in failed.output and "> bound 0.1" in failed.output
     ok_suite = ET.parse(tmp_path / "ok.xml").getroot().find("testsuite")
@@ -255,7 +256,9 @@ def test_bisect_on_fail_names_the_constructed_culprit(
     manifest = tmp_path / "speedtrap.toml"
     manifest.write_text(
         '[target]\nname = "smol-moe"\n\n'
-        + "".join(f'[[patches]]\nname = "{p}"\n\n' for p in ("fused_rmsnorm", "hash_topk_routed_scaling", "lm_head_bf16"))
+        + "".join(
+            f'[[patches]]\nname = "{p}"\n\n' for p in ("fused_rmsnorm", "hash_topk_routed_scaling", "lm_head_bf16")
+        )
         + '[probe]\nkind = "divergence"\n'
     )
     result = _check("--against", in_process_recording.path, "--target", "smol-moe", "--patches",

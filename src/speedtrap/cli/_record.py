@@ -198,7 +198,9 @@ def check_callback(
         typer.Option("--bound", help="METRIC<=VALUE or METRIC>=VALUE (repeatable; default worst.kl_p99<=0.1)."),
     ] = None,
     margin: Annotated[float, typer.Option("--margin", help="Recall: extra drop needed beyond the intervals.")] = 0.0,
-    probe: Annotated[str, typer.Option("--probe", help="divergence, recall or all (what the recording holds).")] = "all",
+    probe: Annotated[
+        str, typer.Option("--probe", help="divergence, recall or all (what the recording holds).")
+    ] = "all",
     junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML report here.")] = None,
     manifest: Annotated[
         Path | None, typer.Option("--manifest", "-m", help="With --bisect-on-fail: the stack's speedtrap.toml.")

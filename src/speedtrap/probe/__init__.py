@@ -16,6 +16,7 @@ from speedtrap.probe._divergence import (
 from speedtrap.probe._engine import Engine, Generation
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
+from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
 from speedtrap.probe._record import (
     AgainstRecording,
     RecallComparison,
@@ -32,10 +33,11 @@ from speedtrap.probe._recording import Identity, Recording, backend_identity, re
 from speedtrap.probe._recording_format import FORMAT as RECORDING_FORMAT
 from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
 from speedtrap.probe._recording_format import RecordingError, add_extension
-from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
 from speedtrap.probe._stats import KLStats
 
 __all__ = [
+    "RECORDING_FORMAT",
+    "RECORDING_VERSION",
     "AgainstRecording",
     "Backend",
     "BucketStats",
@@ -52,8 +54,6 @@ __all__ = [
     "KLStats",
     "PhaseDivergence",
     "PromptLogprobs",
-    "RECORDING_FORMAT",
-    "RECORDING_VERSION",
     "RecallCell",
     "RecallComparison",
     "RecallReport",

@@ -141,7 +141,9 @@ def _record_in_process(
 ) -> SequenceRecord:
     n = len(ids)
     prefill = block_from_logits(backend.prefill_logits(ids)[:-1], ids[1:], 1, k)
-    decode = block_from_logits(backend.decode_logits(ids, decode_tokens), ids[n - decode_tokens :], n - decode_tokens, k)
+    decode = block_from_logits(
+        backend.decode_logits(ids, decode_tokens), ids[n - decode_tokens :], n - decode_tokens, k
+    )
     tail = tuple(ids[n - decode_tokens :])
     return SequenceRecord(
         length, index, tuple(ids), None, Names(None), tuple(ids), prefill, "teacher_forced", n - decode_tokens, tail,
@@ -196,7 +198,9 @@ def seq_prompt(seq: SequenceRecord) -> Prompt:
 # -- recording ---------------------------------------------------------------------------------
 
 
-def _header(identity: Identity, target: str, div: DivergenceSettings | None, rec: RecallSettings | None) -> dict[str, Any]:
+def _header(
+    identity: Identity, target: str, div: DivergenceSettings | None, rec: RecallSettings | None
+) -> dict[str, Any]:
     return {
         "type": "header",
         "format": FORMAT,
@@ -403,9 +407,7 @@ async def adivergence_against(
         k=settings.top_k
     )
     baseline = f"recording {Path(recording.path).name} [{recording.identity.model}]"
-    return DivergenceReport(
-        baseline, candidate.name, settings, phases, approx, time.perf_counter() - started, lengths
-    )
+    return DivergenceReport(baseline, candidate.name, settings, phases, approx, time.perf_counter() - started, lengths)
 
 
 async def arecall_against(recording: Recording, candidate: Backend, *, progress: bool = True) -> RecallComparison:

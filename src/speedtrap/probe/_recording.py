@@ -75,7 +75,7 @@ def weights_hash(model: Any) -> str:
         for name, tensor in sorted(model.model.state_dict().items()):
             t = tensor.detach().cpu().contiguous()
             digest.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 

@@ -38,6 +38,7 @@ from speedtrap.probe._backend import TokenDist
 
 FORMAT = "speedtrap-recording"
 VERSION = 1
+Array = np.ndarray[Any, Any]
 RECORD_TYPES = ("header", "divergence.sequence", "recall.sample", "extension", "end")
 ID_PREFIX = "token_id:"
 
@@ -49,11 +50,11 @@ class RecordingError(StoreError):
 # -- arrays ------------------------------------------------------------------------------------
 
 
-def pack(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: str) -> str:
+def pack(values: Sequence[float] | Sequence[int] | Array, dtype: str) -> str:
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def unpack(data: Any, dtype: str, where: str) -> np.ndarray:
+def unpack(data: Any, dtype: str, where: str) -> Array:
     if not isinstance(data, str):
         raise ValueError(f"{where} is not a base64 string")
     try:
@@ -101,12 +102,12 @@ class Names:
 class Block:
     """Top-k distributions at some positions: flat arrays (``counts[i]`` entries for position ``i``)."""
 
-    positions: np.ndarray  # int32 [n]
-    counts: np.ndarray  # uint16 [n]
-    ids: np.ndarray  # int32 [sum(counts)], each position's entries by decreasing logprob
-    logprobs: np.ndarray  # float32 [sum(counts)]
-    own: np.ndarray  # float32 [n]: the correct (or chosen) token's logprob, NaN if unknown
-    tail: np.ndarray  # float32 [n]: probability mass outside the listed tokens
+    positions: Array  # int32 [n]
+    counts: Array  # uint16 [n]
+    ids: Array  # int32 [sum(counts)], each position's entries by decreasing logprob
+    logprobs: Array  # float32 [sum(counts)]
+    own: Array  # float32 [n]: the correct (or chosen) token's logprob, NaN if unknown
+    tail: Array  # float32 [n]: probability mass outside the listed tokens
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -161,7 +162,9 @@ class Block:
         ids, lps, own = self.ids.tolist(), self.logprobs.astype(np.float64).tolist(), self.own.tolist()
         start = 0
         for i, count in enumerate(self.counts.tolist()):
-            top = {names.name(t): lp for t, lp in zip(ids[start : start + count], lps[start : start + count], strict=True)}
+            top = {
+                names.name(t): lp for t, lp in zip(ids[start : start + count], lps[start : start + count], strict=True)
+            }
             start += count
             out.append(TokenDist(tokens[i], None if math.isnan(own[i]) else float(own[i]), top))
         return out
@@ -204,7 +207,9 @@ class SequenceRecord:
             "type": "divergence.sequence",
             "length": self.length,
             "index": self.index,
-            "prompt": {"ids": pack(self.prompt_ids, "<i4")} if self.prompt_ids is not None else {"text": self.prompt_text},
+            "prompt": {"ids": pack(self.prompt_ids, "<i4")}
+            if self.prompt_ids is not None
+            else {"text": self.prompt_text},
             "pieces": self.names.pieces,
             "tokens": pack(self.tokens, "<i4"),
             "prefill": self.prefill.to_json(),
@@ -232,7 +237,8 @@ class SequenceRecord:
             raise ValueError(f"decode.mode {mode!r} is not teacher_forced or greedy")
         record = cls(
             _int(data.get("length"), "length"), _int(data.get("index"), "index"), ids, text, Names(pieces),
-            tuple(unpack(data.get("tokens"), "<i4", "tokens").tolist()), Block.from_json(data.get("prefill"), "prefill"),
+            tuple(unpack(data.get("tokens"), "<i4", "tokens").tolist()),
+            Block.from_json(data.get("prefill"), "prefill"),
             mode, _int(decode.get("start"), "decode.start"),
             tuple(unpack(decode.get("tokens"), "<i4", "decode.tokens").tolist()), Block.from_json(decode, "decode"),
         )  # fmt: skip
@@ -241,7 +247,12 @@ class SequenceRecord:
         if record.prefill.positions.size and int(record.prefill.positions.max()) >= len(record.tokens):
             raise ValueError("a prefill position lies past the prompt's tokens")
         if record.names.pieces is not None:
-            for code in (*record.tokens, *record.decode_tokens, *record.prefill.ids.tolist(), *record.decode.ids.tolist()):
+            for code in (
+                *record.tokens,
+                *record.decode_tokens,
+                *record.prefill.ids.tolist(),
+                *record.decode.ids.tolist(),
+            ):
                 record.names.name(int(code))  # raises for an index outside the pieces
         return record
 
@@ -366,7 +377,11 @@ def _recall_sample(record: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, kind in _SAMPLE_FIELDS.items():
         value = record.get(name)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind)
+        ok = (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, kind)
+        )
         if kind is int and isinstance(value, bool):
             ok = False
         if not ok:

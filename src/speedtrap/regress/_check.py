@@ -32,7 +32,9 @@ class Bound:
     def parse(cls, text: str) -> Bound:
         m = _BOUND.match(text)
         if not m:
-            raise UsageError(f"--bound {text!r} is not METRIC<=VALUE or METRIC>=VALUE", "pass e.g. --bound worst.kl_p99<=0.1")
+            raise UsageError(
+                f"--bound {text!r} is not METRIC<=VALUE or METRIC>=VALUE", "pass e.g. --bound worst.kl_p99<=0.1"
+            )
         try:
             value = float(m.group(3))
         except ValueError:
