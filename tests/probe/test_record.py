@@ -37,7 +37,7 @@ from speedtrap.probe import (
 from speedtrap.probe._recording_format import RecordingWriter, parse_recording
 from speedtrap.targets._base import InProcessModel
 
-SETTINGS = DivergenceSettings(lengths=(64, 96), sequences=1, decode_tokens=8, bucket_size=32, top_k=20)
+SETTINGS = DivergenceSettings(lengths=(64,), sequences=2, decode_tokens=8, bucket_size=32, top_k=20)
 HTTP_SETTINGS = DivergenceSettings(lengths=(128,), sequences=1, decode_tokens=8, bucket_size=64, top_k=10)
 TOL = 1e-6
 FIGURES = ("kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "same_top1", "rms_dp")
@@ -77,14 +77,14 @@ def _assert_close(a: KLStats, b: KLStats) -> None:
         assert abs(getattr(a, name) - getattr(b, name)) <= TOL, (name, getattr(a, name), getattr(b, name))
 
 
-@pytest.mark.parametrize("patch", ["hash_topk_routed_scaling", "lm_head_bf16"])
+@pytest.mark.parametrize("patch", ["hash_topk_routed_scaling", pytest.param("lm_head_bf16", marks=pytest.mark.slow)])
 def test_in_process_recording_equals_the_live_baseline(
     smol: InProcessModel, in_process_recording: Recording, patch: str
 ) -> None:
     base, cand = InProcessBackend(smol), InProcessBackend(smol, [patch])
     recorded = asyncio.run(adivergence_against(in_process_recording, cand, progress=False))
     brute: dict[str, list[Any]] = {"prefill": [], "decode": []}
-    for seq in sorted(in_process_recording.sequences, key=lambda s: s.length):
+    for seq in sorted(in_process_recording.sequences, key=lambda s: s.key):
         for phase, stats in _brute_stats(base, cand, list(seq.tokens), SETTINGS.top_k).items():
             brute[phase].extend(stats)
     exact = run_divergence(base, cand, SETTINGS, progress=False)  # the full-vocabulary KL
@@ -124,7 +124,7 @@ def test_an_interrupted_record_resumes_to_the_same_recording(
     with pytest.raises(RecordingError, match="interrupted"):
         read_recording(out)
     data = out.read_bytes()
-    out.write_bytes(data + data[-40:-3])  # and a half-written record after it
+    out.write_bytes(data + data[:30])  # and a half-written record after it (the start of a gzip member)
     again = InterruptedAfter(smol, 100)
     resumed = record(again, out, divergence=SETTINGS, resume=True, progress=False)
     assert again.calls == 1  # only the missing sequence ran
@@ -153,6 +153,7 @@ def _check(*args: str) -> Any:
     return CliRunner().invoke(app, ["check", *args])
 
 
+@pytest.mark.slow
 def test_check_exit_codes_and_junit(cli_model: InProcessModel, in_process_recording: Recording, tmp_path: Path) -> None:
     rec = in_process_recording.path
     passed = _check("--against", rec, "--target", "smol-moe", "--patches", "fused_rmsnorm", "--junit",
@@ -250,6 +251,7 @@ def test_http_recording_equals_the_live_baseline(served: Server, patched: Server
                                                  "--json").stdout)["checks"][0]["value"]))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_bisect_on_fail_names_the_constructed_culprit(
     cli_model: InProcessModel, in_process_recording: Recording, tmp_path: Path
 ) -> None:
@@ -259,7 +261,7 @@ def test_bisect_on_fail_names_the_constructed_culprit(
         + "".join(
             f'[[patches]]\nname = "{p}"\n\n' for p in ("fused_rmsnorm", "hash_topk_routed_scaling", "lm_head_bf16")
         )
-        + '[probe]\nkind = "divergence"\n'
+        + '[probe]\nkind = "divergence"\n\n[verdict]\nbound = 0.1\n'
     )
     result = _check("--against", in_process_recording.path, "--target", "smol-moe", "--patches",
                     "fused_rmsnorm,hash_topk_routed_scaling,lm_head_bf16", "--manifest", str(manifest),
@@ -268,3 +270,27 @@ def test_bisect_on_fail_names_the_constructed_culprit(
     lines = result.stdout.strip().splitlines()
     assert "REGRESSION" in result.stdout
     assert lines[-1] == "culprits: hash_topk_routed_scaling"
+
+
+@pytest.mark.slow
+def test_recall_against_a_recording_scores_the_drop_and_the_changed_answers(
+    smol: InProcessModel, tmp_path: Path
+) -> None:
+    from speedtrap.probe import RecallSettings, run_recall
+
+    settings = RecallSettings(lengths=(128,), depths=(0.2, 0.8), samples=1, max_new_tokens=12)
+    rec = record(InProcessBackend(smol), tmp_path / "recall.strec", recall=settings, progress=False)
+    assert rec.kinds == ["recall"] and len(rec.samples) == 2
+    same = run_against(rec, InProcessBackend(smol), progress=False).recall
+    assert same is not None and same.changed == [] and same.drop == 0.0 and same.overlap
+    patched = InProcessBackend(smol, ["hash_topk_routed_scaling"])
+    against = run_against(rec, patched, progress=False).recall
+    live = run_recall(InProcessBackend(smol, ["hash_topk_routed_scaling"]), settings, progress=False)
+    assert against is not None and against.candidate.answers() == live.answers()
+    expected = sorted(k for k, v in live.answers().items() if rec_answers(rec)[k] != v)
+    assert against.changed == expected
+    assert against.drop == pytest.approx(same.baseline.overall.accuracy - live.overall.accuracy)
+
+
+def rec_answers(rec: Recording) -> dict[str, str]:
+    return {s.id: s.answer for s in rec.samples}

@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -143,7 +143,11 @@ class Block:
 
     @classmethod
     def of_dists(cls, positions: Sequence[int], dists: Sequence[TokenDist], names: Names) -> Block:
-        counts, ids, lps, own, tail = [], [], [], [], []
+        counts: list[int] = []
+        ids: list[int] = []
+        lps: list[float] = []
+        own: list[float] = []
+        tail: list[float] = []
         for d in dists:
             entries = sorted(d.top.items(), key=lambda kv: -kv[1])
             counts.append(len(entries))
@@ -386,7 +390,7 @@ def _recall_sample(record: dict[str, Any]) -> dict[str, Any]:
             ok = False
         if not ok:
             raise ValueError(f"field {name} is not a {kind.__name__}")
-        out[name] = float(value) if kind is float else value
+        out[name] = float(value) if kind is float and isinstance(value, (int, float)) else value
     return out
 
 
@@ -399,6 +403,7 @@ class RecordingWriter:
     def __init__(self, path: Path, header: dict[str, Any] | None, keep_bytes: int | None = None) -> None:
         self.path = path
         try:
+            self._fh: BinaryIO
             if header is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = path.open("wb")
