@@ -241,7 +241,7 @@ def test_http_recording_equals_the_live_baseline(served: Server, patched: Server
     _phases_close(against, live)
     assert live.phases["prefill"].overall.kl_mean > 1e-6  # the patches do change the distributions
     itself = run_against(rec, HttpBackend(served.url), ["divergence"], progress=False).divergence
-    assert itself is not None and itself.phases["prefill"].overall.kl_max == 0.0
+    assert itself is not None and itself.phases["prefill"].overall.kl_max < 1e-9  # float32 storage: ~1e-13
     # The gate over HTTP: the baseline server passes, the patched one fails a strict bound.
     ok = _check("--against", str(rec.path), "--target", served.url, "--bound", "worst.kl_p99<=1e-9")
     assert ok.exit_code == 0, ok.output
