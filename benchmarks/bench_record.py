@@ -7,7 +7,8 @@
    with the default recorded reference and once with ``reference = "live"``: wall time, launches (trials
    plus the recording or reference launch), and the most servers of the stack alive at once.
 
-``OMP_NUM_THREADS=1 python benchmarks/bench_record.py [--lengths 512,1024] [--skip-isolate]``
+``OMP_NUM_THREADS=1 python benchmarks/bench_record.py [--lengths 512,1024] [--isolate-length 64] [--skip-size]
+[--skip-isolate]``
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--isolate-length", type=int, default=256)
     parser.add_argument("--skip-isolate", action="store_true")
+    parser.add_argument("--skip-size", action="store_true")
     args = parser.parse_args()
-    size(tuple(int(x) for x in args.lengths.split(",")), args.top_k)
+    if not args.skip_size:
+        size(tuple(int(x) for x in args.lengths.split(",")), args.top_k)
     if not args.skip_isolate:
         isolate_modes(args.isolate_length)
 
