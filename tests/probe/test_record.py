@@ -115,6 +115,7 @@ class InterruptedAfter(InProcessBackend):
         return super().prefill_logits(ids)
 
 
+@pytest.mark.slow
 def test_an_interrupted_record_resumes_to_the_same_recording(
     smol: InProcessModel, in_process_recording: Recording, tmp_path: Path
 ) -> None:
