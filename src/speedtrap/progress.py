@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichBar
     from rich.progress import TaskID
 
-__all__ = ["NoProgress", "Progress", "RichProgress"]
+__all__ = ["LineProgress", "NoProgress", "Progress", "RichProgress"]
 
 
 class Progress(Protocol):
@@ -96,3 +96,25 @@ class RichProgress:
             self.bar.update(task, total=completed or 1, completed=completed or 1, note="done")
         else:
             self.bar.update(task, total=total or 1, note=f"{status}: {detail}"[:80])
+
+
+class LineProgress:
+    """One plain line per step on stderr (for CI logs, where bars redraw badly)."""
+
+    def __init__(self, console: Console | None = None, prefix: str = "  ") -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.prefix = prefix
+        self.counts: dict[str, int] = {}
+
+    def start(self, stage: str, total: int | None, detail: str = "") -> None:
+        self.counts.setdefault(stage, 0)
+
+    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
+        self.counts[stage] = self.counts.get(stage, 0) + n
+        if detail:
+            self.console.print(f"{self.prefix}{stage} {self.counts[stage]}: {detail}", highlight=False, markup=False)
+
+    def done(self, stage: str, status: str, detail: str = "") -> None:
+        self.console.print(f"{self.prefix}{stage}: {status} {detail}".rstrip(), highlight=False, markup=False)

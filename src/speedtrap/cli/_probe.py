@@ -112,9 +112,23 @@ def recall_cmd(
     timeout: TimeoutOpt = 600.0,
     retries: RetriesOpt = 4,
     quick: QuickOpt = False,
+    baseline: Annotated[
+        Path | None, typer.Option("--baseline", help="A recording (speedtrap record): the drop against its answers.")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Planted-fact recall over a grid of prompt length x fact depth (options override the preset)."""
+    if baseline is not None:
+        from speedtrap.cli._record import candidate_backend, recall_against
+
+        if lengths or depths or samples is not None or seed is not None or quick or shared_prefix or results:
+            raise UsageError("with --baseline FILE the recording's settings are used", "drop the grid options")
+        recall_against(
+            baseline,
+            lambda: candidate_backend(target, model, "openai", patches, set_, concurrency, timeout, retries),
+            json,
+        )
+        return
     from speedtrap.probe import InProcessBackend, RecallSettings, run_recall
 
     settings = RecallSettings.quick() if quick else RecallSettings()
@@ -167,7 +181,11 @@ def divergence_cmd(
     patches: PatchesOpt = None,
     baseline: Annotated[
         str | None,
-        typer.Option("--baseline", help="smol-moe: baseline patches a,b (default none); URL target: the baseline URL."),
+        typer.Option(
+            "--baseline",
+            help="A recording file (speedtrap record); smol-moe: baseline patches a,b (default none); URL target: "
+            "the baseline URL.",
+        ),
     ] = None,
     lengths: LengthsOpt = None,
     sequences: Annotated[int | None, typer.Option("--sequences", help="Sequences per length.")] = None,
@@ -201,6 +219,19 @@ def divergence_cmd(
     ):  # fmt: skip
         if value is not None:
             changes[key] = value
+    if baseline and not _is_url(baseline) and Path(baseline).is_file():  # a recording of the baseline
+        from speedtrap.cli._record import candidate_backend, divergence_against
+
+        if results or resume:
+            raise UsageError("--results/--resume are for live baselines", "drop them with --baseline FILE")
+        divergence_against(
+            Path(baseline),
+            lambda: candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries),
+            changes,
+            quick,
+            json,
+        )
+        return
     settings = replace(settings, **changes)
     if resume and results is None:
         raise UsageError("--resume needs --results", "pass --results PATH of the interrupted run")

@@ -36,7 +36,7 @@ from speedtrap.isolate._manifest import (
     parse_manifest,
     parse_patches,
 )
-from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle
+from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle, report_figures
 from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
@@ -125,6 +125,7 @@ __all__ = [
     "oracle_recipe",
     "parse_manifest",
     "parse_patches",
+    "report_figures",
     "resolve_commits_in",
     "rule_from_spec",
     "run_trial",

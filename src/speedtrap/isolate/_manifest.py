@@ -31,6 +31,7 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
     preset = "quick"               # start from the probe's quick settings
     settings = { ... }             # fields of the probe's settings, by name
     argv = ["python", "eval.py", "{base_url}"]  # kind = "command": prints one JSON object of figures
+    reference = "recorded"         # divergence baseline: recorded (default) | live | a recording's path
 
     [verdict]
     rule = "threshold"             # threshold | recall_drop
@@ -62,6 +63,7 @@ from speedtrap.isolate._spec import (
     DIRECTIONS,
     EXECUTORS,
     PROBE_KINDS,
+    REFERENCE_MODES,
     RULES,
     IsolateManifest,
     PatchSpec,
@@ -116,7 +118,7 @@ _PATCH_KEYS = {
     "phases",
     "commit",
 }
-_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout"}
+_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
 _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
@@ -141,7 +143,7 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     target = _target(table(data, "target", required=True), base)
     patches = parse_patches(data.get("patches"), base, required=not target.in_process)
     target, patches = resolve_commit_patches(target, patches)
-    probe = _probe(table(data, "probe"), target)
+    probe = _probe(table(data, "probe"), target, base)
     verdict = _verdict(table(data, "verdict"), probe)
     search = table(data, "search")
     no_unknown(search, _SEARCH_KEYS, "search.", "search")
@@ -323,7 +325,7 @@ def check_relations(patches: Sequence[PatchSpec]) -> None:
         visit(p.name, [])
 
 
-def _probe(raw: Mapping[str, Any], target: TargetSpec) -> ProbeSpec:
+def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
     no_unknown(raw, _PROBE_KEYS, "probe.", "probe")
     kind = raw.get("kind", "divergence")
     if kind not in PROBE_KINDS:
@@ -344,7 +346,17 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec) -> ProbeSpec:
     if kind != "command" and argv:
         raise ManifestError('probe.argv is only for kind = "command"', "drop probe.argv")
     timeout = number(raw.get("timeout", 600.0), "probe.timeout")
-    return ProbeSpec(kind, None if preset == "default" else preset, dict(settings), argv, timeout)
+    reference = raw.get("reference", "recorded")
+    if not isinstance(reference, str) or not reference:
+        raise ManifestError("probe.reference must be a string", 'write reference = "recorded", "live" or a file path')
+    if reference not in REFERENCE_MODES:
+        if kind != "divergence":
+            raise ManifestError(
+                f'probe.reference = {reference!r} (a recording) is for kind = "divergence"',
+                "drop probe.reference: recall's reference is the baseline trial",
+            )
+        reference = str(resolve(base, reference))
+    return ProbeSpec(kind, None if preset == "default" else preset, dict(settings), argv, timeout, reference)
 
 
 def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:

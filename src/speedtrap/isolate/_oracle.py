@@ -4,8 +4,9 @@
 - :class:`InProcessOracle`: the probes on an in-process model, patches switched by name.
 - :class:`ServerOracle`: a server launched per trial (env vars and launch args per patch), probed
   over HTTP (divergence or recall with the probe package, or any command printing JSON figures),
-  then stopped. Divergence compares against a reference server (the baseline configuration) kept
-  up for the whole run.
+  then stopped. Divergence compares against a recording of the baseline configuration, made once
+  before the trials (``_reference``), or with ``reference = "live"`` against a reference server
+  kept up for the whole run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
+from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
@@ -139,10 +141,18 @@ def load_target_model(target: TargetSpec, patches: Sequence[str] = ()) -> InProc
 
 
 def build_in_process_oracle(
-    target: TargetSpec, probe: ProbeSpec, always_on: tuple[str, ...], patches: tuple[str, ...]
+    target: TargetSpec,
+    probe: ProbeSpec,
+    always_on: tuple[str, ...],
+    patches: tuple[str, ...],
+    recording: bytes = b"",
 ) -> InProcessOracle:
     """An in-process oracle built from scratch (the recipe another process runs)."""
-    return InProcessOracle(load_target_model(target, patches), target, probe, always_on, patches)
+    model = load_target_model(target, patches)
+    oracle = InProcessOracle(model, target, probe, always_on, patches)
+    if recording:
+        oracle._recording = _reference.from_bytes(recording, str(probe.reference))
+    return oracle
 
 
 class InProcessOracle:
@@ -162,18 +172,34 @@ class InProcessOracle:
         self.always_on = tuple(always_on)
         self.patches = tuple(patches)  # the patches searched: the recipe loads the user's among them the same way
         self._baseline: Any = None  # one baseline backend: its logits are computed once per sequence
+        self._recording: Any = None  # probe.reference = a file: the recorded baseline
+
+    def prepare(self, run_dir: Path | None) -> None:
+        """With a recording as the reference: load it and check it fits this model and these settings."""
+        if self._recording is not None or self.probe.kind != "divergence" or self.probe.reference_file is None:
+            return
+        from speedtrap import probe
+
+        recording = _reference.load_file(self.probe)
+        baseline = probe.InProcessBackend(self.model, list(self.always_on))
+        asyncio.run(probe.check_identity(recording, baseline))
+        self._recording = recording
 
     def recipe(self) -> OracleRecipe:
-        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.patches)
+        data = self._recording.data if self._recording is not None else b""
+        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.patches, data)
 
     def identity(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "target": self.target.identity(),
             "model_config": dict(self.model.config),
             "probe": self.probe.identity(),
             "always_on": list(self.always_on),
             "speedtrap": _version(),
         }
+        if self._recording is not None:
+            out["reference"] = {"recording": self._recording.digest}
+        return out
 
     def measure(self, request: TrialRequest, attempt: int) -> Measurement:
         from speedtrap import probe
@@ -185,6 +211,8 @@ class InProcessOracle:
         report: Any
         if self.probe.kind == "recall":
             report = probe.run_recall(candidate, settings, progress=False)
+        elif self._recording is not None:
+            report = asyncio.run(probe.adivergence_against(self._recording, candidate, progress=False))
         else:
             if self._baseline is None:
                 self._baseline = probe.InProcessBackend(self.model, list(self.always_on))
@@ -203,26 +231,45 @@ class InProcessOracle:
 class ServerOracle:
     """One server per trial, switched by the patches' env vars and launch arguments."""
 
-    def __init__(self, target: TargetSpec, patches: Sequence[PatchSpec], probe: ProbeSpec) -> None:
+    def __init__(
+        self, target: TargetSpec, patches: Sequence[PatchSpec], probe: ProbeSpec, recording: bytes = b""
+    ) -> None:
         self.target = target
         self.patches = {p.name: p for p in patches}
         self.order = [p.name for p in patches]
         self.probe = probe
         self.always_on = [p.name for p in patches if p.ungated]
         self._reference: Server | None = None
-        self.reference_launches = 0
+        self.reference_launches = 0  # live mode: reference servers started beside the trials
+        self.recording_launches = 0  # recorded mode: baseline servers started to record (then stopped)
+        self._recording: Any = _reference.from_bytes(recording, str(probe.reference)) if recording else None
         self._worktrees: Worktrees | None = None
         self._worktrees_lock = threading.Lock()
 
+    def prepare(self, run_dir: Path | None) -> None:
+        """Recorded mode: record the baseline configuration now (one server, stopped before any trial)."""
+        if self._recording is not None or not _reference.uses_recording(self.probe):
+            return
+        if self.probe.reference_file is not None:
+            self._recording = _reference.load_file(self.probe)
+        else:
+            self._recording = _reference.record_server(self, run_dir)
+
     def identity(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "target": self.target.identity(),
             "probe": self.probe.identity(),
             "switches": {name: p.switch() for name, p in self.patches.items()},
         }
+        if _reference.uses_recording(self.probe):
+            out["reference"] = {"recording": self._recording.digest if self._recording is not None else None}
+        return out
 
     def recipe(self) -> OracleRecipe:
-        return functools.partial(ServerOracle, self.target, tuple(self.patches[n] for n in self.order), self.probe)
+        data = self._recording.data if self._recording is not None else b""  # no reference server on workers
+        return functools.partial(
+            ServerOracle, self.target, tuple(self.patches[n] for n in self.order), self.probe, data
+        )
 
     def launch_spec(self, config: Config, port: int) -> LaunchSpec:
         """argv and env for one configuration: the base environment without any patch's variables."""
@@ -307,6 +354,8 @@ class ServerOracle:
 
         settings = probe_settings(self.probe, request.repeat)
         model = self.target.served_model or ""
+        if _reference.uses_recording(self.probe):
+            return self._against_recording(base_url, request)
         ref_url = self._ref_url(request) if self.probe.kind == "divergence" and request.config else base_url
 
         async def measure() -> Any:
@@ -320,6 +369,24 @@ class ServerOracle:
                 await candidate.aclose()
                 if reference is not candidate:
                     await reference.aclose()
+
+        report = asyncio.run(measure())
+        return report_figures(self.probe.kind, report), _write_report(request, report)
+
+    def _against_recording(self, base_url: str, request: TrialRequest) -> tuple[dict[str, float], str | None]:
+        """Divergence of this trial's server from the recorded baseline (its identity checked first)."""
+        from speedtrap import probe
+
+        if self._recording is None:
+            self.prepare(request.workdir.parent if request.workdir is not None else None)
+
+        async def measure() -> Any:
+            candidate = probe.HttpBackend(base_url, self.target.served_model or "")
+            try:
+                await probe.check_identity(self._recording, candidate)
+                return await probe.adivergence_against(self._recording, candidate, progress=False)
+            finally:
+                await candidate.aclose()
 
         report = asyncio.run(measure())
         return report_figures(self.probe.kind, report), _write_report(request, report)

@@ -167,6 +167,13 @@ def _isolate(
     relations = Relations(requires=requires, conflicts=_symmetric(conflicts))
     rule = rule_from_spec(manifest.verdict)
     failovers_before = getattr(executor, "failovers", 0)
+    prepare = getattr(oracle, "prepare", None)  # a recorded baseline is made (or loaded) before any trial
+    if prepare is not None:
+        try:
+            prepare(run_dir)
+        except BaseException:
+            oracle.close()
+            raise
     store = TrialStore(run_dir)
     try:
         identity = {
@@ -209,6 +216,12 @@ def _isolate(
         failovers = getattr(executor, "failovers", 0) - failovers_before
         if failovers:
             notes.append(f"{failovers} trial(s) ran again on a fresh worker after theirs died mid-trial")
+        recorded = getattr(oracle, "recording_launches", 0)
+        if recorded:
+            notes.append(
+                f"the baseline configuration was recorded ({recorded} launch, stopped before the trials); every "
+                "divergence trial was compared with the recording, so at most one server ran at a time"
+            )
         refs = getattr(oracle, "reference_launches", 0)
         if refs:
             notes.append(

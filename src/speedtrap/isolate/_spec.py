@@ -14,6 +14,7 @@ PROBE_KINDS = ("divergence", "recall", "command")
 RULES = ("threshold", "recall_drop")
 DIRECTIONS = ("above", "below")
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
+REFERENCE_MODES = ("recorded", "live")
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,14 @@ class ProbeSpec:
     settings: Mapping[str, Any] = field(default_factory=dict)
     argv: tuple[str, ...] = ()  # kind = "command"
     timeout: float = 600.0  # kind = "command": seconds
+    # kind = "divergence": the baseline. "recorded": servers record the baseline configuration once, then
+    # trials compare with the recording (one server at a time; in-process targets compare live); "live":
+    # a reference server beside each trial; else the path of a recording (speedtrap record).
+    reference: str = "recorded"
+
+    @property
+    def reference_file(self) -> Path | None:
+        return None if self.reference in REFERENCE_MODES else Path(self.reference)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind, "preset": self.preset, "settings": dict(self.settings), "argv": list(self.argv)}
@@ -190,7 +199,7 @@ class IsolateManifest:
             "path": str(self.path) if self.path else None,
             "target": self.target.to_json(),
             "patches": [p.to_json() for p in self.patches],
-            "probe": {**self.probe.identity(), "timeout": self.probe.timeout},
+            "probe": {**self.probe.identity(), "timeout": self.probe.timeout, "reference": self.probe.reference},
             "verdict": self.verdict.to_json(),
             "prior": list(self.prior),
             "parallel": self.parallel,

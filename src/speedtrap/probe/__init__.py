@@ -17,9 +17,28 @@ from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logpro
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
+from speedtrap.probe._record import (
+    AgainstRecording,
+    RecallComparison,
+    aagainst,
+    adivergence_against,
+    arecall_against,
+    arecord,
+    check_identity,
+    record,
+    resolve_settings,
+    run_against,
+)
+from speedtrap.probe._recording import Identity, Recording, backend_identity, read_recording
+from speedtrap.probe._recording_format import FORMAT as RECORDING_FORMAT
+from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
+from speedtrap.probe._recording_format import RecordingError, add_extension
 from speedtrap.probe._stats import KLStats
 
 __all__ = [
+    "RECORDING_FORMAT",
+    "RECORDING_VERSION",
+    "AgainstRecording",
     "Backend",
     "BucketStats",
     "ChatAnswer",
@@ -30,19 +49,34 @@ __all__ = [
     "Fact",
     "Generation",
     "HttpBackend",
+    "Identity",
     "InProcessBackend",
     "KLStats",
     "PhaseDivergence",
     "PromptLogprobs",
     "RecallCell",
+    "RecallComparison",
     "RecallReport",
     "RecallSample",
     "RecallSettings",
+    "Recording",
+    "RecordingError",
     "StepLogprobs",
     "TokenDist",
+    "aagainst",
+    "add_extension",
+    "adivergence_against",
+    "arecall_against",
+    "arecord",
     "arun_divergence",
     "arun_recall",
+    "backend_identity",
     "build_conversation",
+    "check_identity",
+    "read_recording",
+    "record",
+    "resolve_settings",
+    "run_against",
     "run_divergence",
     "run_recall",
     "top_logprobs",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import ProbeError, UsageError
-from speedtrap.probe._backend import Backend, Prompt, TokenDist
+from speedtrap.probe._backend import Backend, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._conversations import build_conversation
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._progress import progress_bar
@@ -205,8 +205,25 @@ def compare_dists(position: int, base: TokenDist, cand: TokenDist, truth: str) -
     return PositionStat(position, approx_kl(base.top, cand.top), base.argmax() == cand.argmax(), dp)
 
 
-async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int) -> dict[str, Any]:
-    pb, pc = await asyncio.gather(base.prompt_logprobs(prompt, k), cand.prompt_logprobs(prompt, k))
+@dataclass(frozen=True)
+class TopkSide:
+    """What one backend answered for one sequence: its prompt logprobs and its greedy decode steps."""
+
+    prompt: PromptLogprobs
+    decode_start: int
+    decode: list[TokenDist]
+
+
+async def fetch_topk(backend: Backend, prompt: Prompt, decode_tokens: int, k: int) -> TopkSide:
+    """One backend's side of a top-k comparison (also what a recording keeps of the baseline)."""
+    lp = await backend.prompt_logprobs(prompt, k)
+    start = len(lp.tokens) - decode_tokens
+    prefix: Prompt = "".join(lp.tokens[:start]) if isinstance(prompt, str) else list(prompt)[:start]
+    return TopkSide(lp, start, await backend.decode_logprobs(prefix, decode_tokens, k))
+
+
+def compare_topk(base: TopkSide, cand: TopkSide) -> dict[str, list[PositionStat]]:
+    pb, pc = base.prompt, cand.prompt
     if pb.tokens != pc.tokens:
         raise ProbeError("the two backends tokenized the sequence differently", "compare servers of the same model")
     prefill = [
@@ -214,18 +231,17 @@ async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int
         for j, (b, c) in enumerate(zip(pb.positions, pc.positions, strict=True))
         if b is not None and c is not None
     ]
-    n = len(pb.tokens)
-    start = n - decode_tokens
-    prefix: Prompt = "".join(pb.tokens[:start]) if isinstance(prompt, str) else list(prompt)[:start]
-    db, dc = await asyncio.gather(
-        base.decode_logprobs(prefix, decode_tokens, k), cand.decode_logprobs(prefix, decode_tokens, k)
-    )
     decode = []
-    for i, (b, c) in enumerate(zip(db, dc, strict=False)):
-        decode.append(compare_dists(start + i, b, c, b.token))
+    for i, (b, c) in enumerate(zip(base.decode, cand.decode, strict=False)):
+        decode.append(compare_dists(base.decode_start + i, b, c, b.token))
         if b.token != c.token:
             break
     return {"prefill": prefill, "decode": decode}
+
+
+async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int) -> dict[str, Any]:
+    sides = await asyncio.gather(fetch_topk(base, prompt, decode_tokens, k), fetch_topk(cand, prompt, decode_tokens, k))
+    return compare_topk(*sides)
 
 
 async def _sequence(backend: Backend, settings: DivergenceSettings, length: int, index: int) -> Prompt:

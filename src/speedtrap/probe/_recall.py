@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,11 +201,15 @@ async def arun_recall(
     results_path: Path | None = None,
     resume: bool = False,
     progress: Progress | bool = False,
+    known: Sequence[RecallSample] = (),
+    on_sample: Callable[[RecallSample], None] | None = None,
 ) -> RecallReport:
-    """The recall probe, async (see :func:`run_recall`)."""
+    """The recall probe, async (see :func:`run_recall`). ``known`` samples are not asked again;
+    ``on_sample`` sees each new sample as it finishes (a recording appends it)."""
     started = time.perf_counter()
     store = ResultsFile(results_path, "recall", settings.to_json(), resume) if results_path else None
     done = {s.id: s for s in (RecallSample.from_json(r) for r in (store.done if store else []))}
+    done.update({s.id: s for s in known})
     todo = [
         (n, i, g)
         for n, i, g in settings.groups()
@@ -224,6 +228,8 @@ async def arun_recall(
                 )  # fmt: skip
                 if store:
                     store.append(sample.to_json())
+                if on_sample is not None:
+                    on_sample(sample)
                 advance()
                 return sample
 

@@ -1,0 +1,299 @@
+"""``speedtrap record`` (a baseline to a file), and probes and ``check --against`` against a recording."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from speedtrap._errors import UsageError
+from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._probe import (
+    ApiOpt,
+    ConcurrencyOpt,
+    JsonOpt,
+    LengthsOpt,
+    ModelOpt,
+    PatchesOpt,
+    QuickOpt,
+    RetriesOpt,
+    SeedOpt,
+    SetOpt,
+    TimeoutOpt,
+    _connect,
+    _floats,
+    _http,
+    _ints,
+    _is_url,
+    _load_smol,
+    _patch_names,
+    _print_divergence,
+    _print_recall,
+)
+
+if TYPE_CHECKING:
+    from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
+
+PROBES = ("divergence", "recall", "all")
+
+
+def candidate_backend(
+    target: str, model: str, api: str, patches: str | None, set_: list[str] | None, concurrency: int, timeout: float,
+    retries: int,
+) -> Backend:  # fmt: skip
+    """A server URL (patches set at its launch) or an in-process target with patches."""
+    from speedtrap.probe import InProcessBackend
+
+    if _is_url(target):
+        if patches or set_:
+            raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
+        backend = _http(target, model, concurrency, timeout, api, retries)
+        asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
+        return backend
+    loaded = _load_smol(target, set_)
+    return InProcessBackend(loaded, _patch_names(loaded, patches))
+
+
+@app.command("record")
+@user_errors
+def record_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The recording file to write (e.g. baseline.strec).")],
+    target: Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// URL.")] = "smol-moe",
+    probe: Annotated[str, typer.Option("--probe", help="divergence, recall or all.")] = "divergence",
+    patches: PatchesOpt = None,
+    lengths: LengthsOpt = None,
+    sequences: Annotated[int | None, typer.Option("--sequences", help="Divergence sequences per length.")] = None,
+    decode_tokens: Annotated[int | None, typer.Option("--decode-tokens", help="Tail fed one token at a time.")] = None,
+    bucket_size: Annotated[int | None, typer.Option("--bucket-size", help="Positions per report bucket.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Logprobs kept per position.")] = None,
+    depths: Annotated[str | None, typer.Option("--depths", help="Recall fact depths, e.g. 0.1,0.5,0.9.")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Recall conversations per length.")] = None,
+    seed: SeedOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted recording in --out.")] = False,
+    model: ModelOpt = "",
+    api: ApiOpt = "openai",
+    set_: SetOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    timeout: TimeoutOpt = 600.0,
+    retries: RetriesOpt = 4,
+    quick: QuickOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    """Record a baseline: per position the top-k logprobs and tail mass, decode steps, recall answers, identity."""
+    from speedtrap.probe import DivergenceSettings, RecallSettings, record
+
+    if probe not in PROBES:
+        raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
+    div = rec = None
+    if probe in ("divergence", "all"):
+        div = DivergenceSettings.quick() if quick else DivergenceSettings()
+        changes: dict[str, Any] = {"lengths": _ints(lengths, "lengths")} if lengths else {}
+        for key, value in (("sequences", sequences), ("decode_tokens", decode_tokens), ("bucket_size", bucket_size),
+                           ("top_k", top_k), ("seed", seed)):  # fmt: skip
+            if value is not None:
+                changes[key] = value
+        div = replace(div, **changes)
+    if probe in ("recall", "all"):
+        rec = RecallSettings.quick() if quick else RecallSettings()
+        rchanges: dict[str, Any] = {"lengths": _ints(lengths, "lengths")} if lengths else {}
+        if depths:
+            rchanges["depths"] = _floats(depths, "depths")
+        for key, value in (("samples", samples), ("seed", seed)):
+            if value is not None:
+                rchanges[key] = value
+        rec = replace(rec, **rchanges)
+    backend = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
+    recording = record(backend, out, divergence=div, recall=rec, resume=resume, progress=True, target=target)
+    summary = recording.summary()
+    if json:
+        emit_json(summary)
+        return
+    positions = summary["positions"]
+    out_console.print(
+        f"recorded {summary['sequences']} sequence(s) ({positions} positions) and {summary['recall_samples']} recall "
+        f"answer(s) of {recording.identity.model} into {out} ({summary['bytes']:,} bytes)",
+        highlight=False,
+    )
+
+
+def load_recording(path: str | Path) -> Recording:
+    from speedtrap.probe import read_recording
+
+    return read_recording(Path(path))
+
+
+def divergence_against(
+    recording_path: Path, make: Callable[[], Backend], changes: dict[str, Any], quick: bool, json: bool
+) -> None:
+    """``probe divergence --baseline FILE``: the candidate against a recording (checked before it is loaded).
+
+    Settings default to the recording's; options given (or ``--quick``) must agree with it.
+    """
+    from speedtrap.probe import DivergenceSettings, resolve_settings, run_against
+
+    recording = load_recording(recording_path)
+    asked = None
+    if changes or quick:
+        start = DivergenceSettings.quick() if quick else resolve_settings(recording, "divergence", None)
+        asked = replace(start, **changes)
+    resolve_settings(recording, "divergence", asked)
+    result = run_against(recording, make(), ["divergence"], asked, progress=True)
+    assert result.divergence is not None
+    if json:
+        emit_json({**result.divergence.to_json(), "notes": result.notes})
+        return
+    _print_divergence(result.divergence)
+    _print_notes(result)
+
+
+def recall_against(recording_path: Path, make: Callable[[], Backend], json: bool) -> None:
+    """``probe recall --baseline FILE``: the answers' drop against the recorded ones."""
+    from speedtrap.probe import resolve_settings, run_against
+
+    recording = load_recording(recording_path)
+    resolve_settings(recording, "recall", None)
+    result = run_against(recording, make(), ["recall"], progress=True)
+    assert result.recall is not None
+    if json:
+        emit_json({**result.recall.to_json(), "notes": result.notes})
+        return
+    _print_recall(result.recall.candidate)
+    _print_recall_drop(result.recall)
+    _print_notes(result)
+
+
+def _print_recall_drop(c: RecallComparison) -> None:
+    b, r = c.baseline.overall, c.candidate.overall
+    out_console.print(
+        f"recorded baseline {b.correct}/{b.n} = {b.accuracy:.2f} (95% {b.low:.2f}-{b.high:.2f}); drop {c.drop:+.2f}; "
+        f"intervals {'overlap' if c.overlap else 'do not overlap'}; {len(c.changed)} answer(s) changed",
+        highlight=False,
+    )
+    del r
+
+
+def _print_notes(result: AgainstRecording) -> None:
+    for note in result.notes:
+        err_console.print(f"note: {note}", highlight=False)
+
+
+# -- speedtrap check --against -----------------------------------------------------------------
+
+
+@check_app.callback(invoke_without_command=True)
+@user_errors
+def check_callback(
+    ctx: typer.Context,
+    against: Annotated[
+        Path | None, typer.Option("--against", help="A recording of the trusted build (speedtrap record).")
+    ] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="The build to gate: a URL, or smol-moe.")] = None,
+    bound: Annotated[
+        list[str] | None,
+        typer.Option("--bound", help="METRIC<=VALUE or METRIC>=VALUE (repeatable; default worst.kl_p99<=0.1)."),
+    ] = None,
+    margin: Annotated[float, typer.Option("--margin", help="Recall: extra drop needed beyond the intervals.")] = 0.0,
+    probe: Annotated[
+        str, typer.Option("--probe", help="divergence, recall or all (what the recording holds).")
+    ] = "all",
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write a JUnit XML report here.")] = None,
+    manifest: Annotated[
+        Path | None, typer.Option("--manifest", "-m", help="With --bisect-on-fail: the stack's speedtrap.toml.")
+    ] = None,
+    bisect_on_fail: Annotated[
+        bool, typer.Option("--bisect-on-fail", help="On a regression, find the culprit patches (needs --manifest).")
+    ] = False,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="--bisect-on-fail: where trials are kept.")] = None,
+    patches: PatchesOpt = None,
+    set_: SetOpt = None,
+    model: ModelOpt = "",
+    api: ApiOpt = "openai",
+    concurrency: ConcurrencyOpt = 8,
+    timeout: TimeoutOpt = 600.0,
+    retries: RetriesOpt = 4,
+    json: JsonOpt = False,
+) -> None:
+    """Gate a build against a recording: exit 0 within bounds, 1 on a regression, 2 on bad input or errors.
+
+    Subcommands: ``check equivalence`` and ``check scale``.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if against is None or target is None:
+        raise UsageError("speedtrap check needs --against FILE and --target T (or a subcommand)", "see --help")
+    if bisect_on_fail and manifest is None:
+        raise UsageError("--bisect-on-fail needs --manifest FILE", "pass the stack's speedtrap.toml")
+    if probe not in PROBES:
+        raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
+    from speedtrap.probe import resolve_settings
+    from speedtrap.regress import DEFAULT_BOUNDS, Bound, junit_xml
+
+    bounds = [Bound.parse(b) for b in (bound or DEFAULT_BOUNDS)]
+    recording = load_recording(against)
+    kinds = recording.kinds if probe == "all" else [probe]
+    for kind in kinds:
+        resolve_settings(recording, kind, None)
+    cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
+    result = _gate(recording, cand, kinds, bounds, margin, target)
+    if junit is not None:
+        try:
+            junit.parent.mkdir(parents=True, exist_ok=True)
+            junit.write_text(junit_xml(result), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write --junit {str(junit)!r}: {exc.strerror}", "pass a writable path") from None
+    hunt = None
+    if not result.passed and bisect_on_fail:
+        assert manifest is not None
+        hunt = _hunt(manifest, recording, result, run_dir, getattr(cand, "model", None))
+    if json:
+        emit_json({**result.to_json(), "bisect": hunt.to_json() if hunt is not None else None})
+    else:
+        _print_gate(result, hunt)
+    raise typer.Exit(result.exit_code)
+
+
+def _gate(recording: Recording, cand: Backend, kinds: list[str], bounds: list[Any], margin: float, target: str) -> Any:
+    from speedtrap.probe import run_against
+    from speedtrap.regress import GateResult, judge_divergence, judge_recall
+
+    started = time.perf_counter()
+    measured = run_against(recording, cand, kinds, progress=True)
+    checks = []
+    if measured.divergence is not None:
+        checks += judge_divergence(measured.divergence, bounds)
+    if measured.recall is not None:
+        checks += judge_recall(measured.recall, margin)
+    return GateResult(recording.path, target, checks, measured.notes, measured.to_json(), time.perf_counter() - started)
+
+
+def _hunt(manifest: Path, recording: Recording, result: Any, run_dir: Path | None, model: Any) -> Any:
+    from speedtrap.regress import bisect_manifest
+
+    err_console.print("regression: searching the culprit patches (--bisect-on-fail)", highlight=False)
+
+    from speedtrap.progress import LineProgress
+
+    return bisect_manifest(manifest, recording, result.failures(), run_dir, LineProgress(err_console), model)
+
+
+def _print_gate(result: Any, hunt: Any) -> None:
+    for check in result.checks:
+        mark = "PASS" if check.passed else "FAIL"
+        out_console.print(f"{mark} {check.probe}: {check.message}", highlight=False)
+    for note in result.notes:
+        out_console.print(f"note: {note}", highlight=False)
+    if result.passed:
+        out_console.print(f"speedtrap check: pass against {result.recording}", highlight=False)
+        return
+    failed = result.failures()
+    out_console.print(f"speedtrap check: REGRESSION ({len(failed)} of {len(result.checks)} checks failed)",
+                      highlight=False)  # fmt: skip
+    if hunt is not None:
+        out_console.print(hunt.summary(), highlight=False)
+        names = ["+".join(c) for c in hunt.culprit_names]
+        out_console.print(f"culprits: {', '.join(names) if names else 'none found'}", highlight=False)

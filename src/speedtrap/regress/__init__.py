@@ -1,0 +1,25 @@
+"""The CI regression gate: a build against a recording of a trusted one (``speedtrap check --against``)."""
+
+from __future__ import annotations
+
+from speedtrap.regress._check import (
+    DEFAULT_BOUNDS,
+    Bound,
+    Check,
+    GateResult,
+    judge_divergence,
+    judge_recall,
+    junit_xml,
+)
+from speedtrap.regress._hunt import bisect_manifest
+
+__all__ = [
+    "DEFAULT_BOUNDS",
+    "Bound",
+    "Check",
+    "GateResult",
+    "bisect_manifest",
+    "judge_divergence",
+    "judge_recall",
+    "junit_xml",
+]

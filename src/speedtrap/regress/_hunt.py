@@ -1,0 +1,46 @@
+"""``--bisect-on-fail``: a failing gate goes straight on to the culprit search, against the same recording."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from speedtrap._errors import UsageError
+from speedtrap.isolate import IsolateResult, ProbeSpec, VerdictSpec, isolate, load_isolate_manifest
+from speedtrap.progress import Progress
+from speedtrap.regress._check import Check
+
+if TYPE_CHECKING:
+    from speedtrap.targets import InProcessModel
+
+
+def bisect_manifest(
+    manifest_path: Path,
+    recording: Any,
+    failures: Sequence[Check],
+    run_dir: Path | None,
+    progress: Progress | None = None,
+    model: InProcessModel | None = None,
+) -> IsolateResult:
+    """Isolate the manifest's patches with the recording as the baseline and the first failed bound as the rule.
+
+    A failed divergence bound searches by divergence against the recording (no reference server);
+    a failed recall check searches by recall with the recorded settings (rule ``recall_drop``).
+    ``model``: an in-process model already loaded for the manifest's target (else it is loaded).
+    """
+    manifest = load_isolate_manifest(manifest_path)
+    failed = next((c for c in failures if c.probe == "divergence"), None) or (failures[0] if failures else None)
+    if failed is None:
+        raise UsageError("nothing failed, nothing to bisect", "drop --bisect-on-fail")
+    if failed.limit is not None:
+        limit = failed.limit
+        probe = ProbeSpec("divergence", None, recording.divergence.to_json(), reference=str(recording.path))
+        verdict = VerdictSpec("threshold", limit.metric, limit.value, "above" if limit.op == "<=" else "below", 0.0, 0)
+    else:
+        probe = ProbeSpec("recall", None, recording.recall.to_json())
+        verdict = VerdictSpec("recall_drop", "accuracy", 0.0, "below", 0.25, manifest.verdict.repeats)
+    manifest = dataclasses.replace(manifest, probe=probe, verdict=verdict)
+    loaded = model if manifest.target.in_process else None  # the gate's loaded model, when it is the same target
+    return isolate(manifest, run_dir, model=loaded, progress=progress)

@@ -1,0 +1,208 @@
+"""Isolate with a recorded baseline: one server of the stack at a time, the same verdict as side by side.
+
+The slow test runs a real ``speedtrap serve`` manifest twice (recorded, the default, and ``reference =
+"live"``) while a watcher thread polls /proc for the stack's processes (tagged by a unique served
+model name) and their listening ports.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from speedtrap._errors import ManifestError
+from speedtrap.isolate import ProbeSpec, ServerOracle, Status, TargetSpec, isolate, load_isolate_manifest
+from speedtrap.probe import DivergenceSettings, Identity
+from speedtrap.probe._recording_format import FORMAT, VERSION, Block, Names, RecordingWriter, SequenceRecord
+
+SETTINGS = {"lengths": [64], "sequences": 1, "decode_tokens": 8, "bucket_size": 64, "top_k": 5}
+
+
+def _write(path: Path) -> Path:
+    settings = DivergenceSettings(**{**SETTINGS, "lengths": (64,)})
+    header = {"type": "header", "format": FORMAT, "version": VERSION,
+              "identity": Identity("http", "m", "f", "ids").to_json(),
+              "probes": {"divergence": settings.to_json(), "recall": None}}  # fmt: skip
+    writer = RecordingWriter(path, header)
+    names = Names(None)
+    empty = Block.of_dists([], [], names)
+    writer.write(SequenceRecord(64, 0, tuple(range(64)), None, names, tuple(range(64)), empty, "greedy", 56, (),
+                                empty).to_json())  # fmt: skip
+    writer.write({"type": "end"})
+    writer.close()
+    return path
+
+
+def _manifest(tmp_path: Path, probe: str) -> Path:
+    path = tmp_path / "speedtrap.toml"
+    path.write_text(f"""
+[target]
+launch = ["{sys.executable}", "-c", "pass", "{{port}}"]
+[[patches]]
+name = "a"
+args = ["--a"]
+[probe]
+{probe}
+[verdict]
+bound = 0.1
+""")
+    return path
+
+
+def test_the_manifest_names_the_reference(tmp_path: Path) -> None:
+    assert load_isolate_manifest(_manifest(tmp_path, 'kind = "divergence"')).probe.reference == "recorded"
+    assert load_isolate_manifest(_manifest(tmp_path, 'reference = "live"')).probe.reference == "live"
+    spec = load_isolate_manifest(_manifest(tmp_path, 'reference = "recs/base.strec"')).probe
+    assert spec.reference_file == tmp_path / "recs" / "base.strec"
+    with pytest.raises(ManifestError, match="reference"):
+        load_isolate_manifest(_manifest(tmp_path, 'kind = "recall"\nreference = "base.strec"'))
+
+
+def test_a_recording_that_does_not_fit_the_probe_is_a_manifest_error(tmp_path: Path) -> None:
+    rec = _write(tmp_path / "base.strec")
+    probe = ProbeSpec("divergence", None, {**SETTINGS, "lengths": [128]}, reference=str(rec))
+    oracle = ServerOracle(TargetSpec(launch=("x", "{port}")), (), probe)
+    with pytest.raises(ManifestError, match="lengths"):
+        oracle.prepare(None)
+
+
+def test_workers_get_the_recording_with_the_recipe_and_no_reference_server(tmp_path: Path) -> None:
+    rec = _write(tmp_path / "base.strec")
+    probe = ProbeSpec("divergence", None, SETTINGS, reference=str(rec))
+    oracle = ServerOracle(TargetSpec(launch=("x", "{port}")), (), probe)
+    oracle.prepare(tmp_path)
+    rec.unlink()  # the worker's node need not see the file: the recipe carries it
+    worker = pickle.loads(pickle.dumps(oracle.recipe()))()
+    assert worker._recording.digest == oracle._recording.digest
+    assert worker.identity() == oracle.identity()
+    worker.prepare(None)  # nothing to record or start
+    assert worker.recording_launches == 0 and worker.reference_launches == 0 and worker._reference is None
+
+
+# -- the slow part: real servers ---------------------------------------------------------------
+
+
+class StackWatcher:
+    """Polls /proc for processes tagged ``tag`` and the TCP ports they listen on; keeps the maxima."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.max_alive = 0
+        self.max_listening = 0
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StackWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _procs(self) -> dict[int, list[str]]:
+        out = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            args = [a.decode(errors="replace") for a in argv]
+            if self.tag in args and "serve" in args:
+                out[int(entry)] = args
+        return out
+
+    @staticmethod
+    def _listening() -> set[int]:
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if len(fields) > 3 and fields[3] == "0A":  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            procs = self._procs()
+            self.seen |= set(procs)
+            ports = {int(a[a.index("--port") + 1]) for a in procs.values() if "--port" in a}
+            self.max_alive = max(self.max_alive, len(procs))
+            self.max_listening = max(self.max_listening, len(ports & self._listening()))
+            time.sleep(0.05)
+
+
+def _serve_manifest(tmp_path: Path, tag: str, reference: str | None) -> Path:
+    ref = f'reference = "{reference}"' if reference else ""
+    text = f"""
+[target]
+launch = ["{sys.executable}", "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", "{{port}}",
+          "--threads", "1", "--name", "{tag}"]
+health = "http://127.0.0.1:{{port}}/health"
+start_timeout = 600
+config_args = ["--set", "{{key}}={{value}}"]
+env = {{ OMP_NUM_THREADS = "1" }}
+
+[[patches]]
+name = "fused_rmsnorm"
+env = {{ SPEEDTRAP_SMOLMOE_FUSED_RMSNORM = "1" }}
+[[patches]]
+name = "hash_topk_routed_scaling"
+config = {{ apply_routed_scaling_factor_on_output = "true" }}
+[[patches]]
+name = "lm_head_bf16"
+env = {{ SPEEDTRAP_SMOLMOE_LM_HEAD_BF16 = "1" }}
+
+[probe]
+kind = "divergence"
+preset = "default"
+settings = {{ lengths = [64], decode_tokens = 8, bucket_size = 64, top_k = 10 }}
+{ref}
+
+[verdict]
+metric = "worst.kl_p99"
+bound = 0.1
+repeats = 0
+
+[search]
+prior = ["hash_topk_routed_scaling"]
+"""
+    path = tmp_path / f"speedtrap-{reference or 'recorded'}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_recorded_mode_runs_one_server_at_a_time_with_the_side_by_side_verdict(tmp_path: Path) -> None:
+    tag = f"st-rec-{uuid.uuid4().hex[:8]}"
+    recorded_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, None))
+    live_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, "live"))
+    with StackWatcher(tag) as watch:
+        recorded = isolate(recorded_manifest, tmp_path / "recorded")
+    assert watch.seen, "the watcher saw no server of the stack"
+    assert watch.max_alive == 1 and watch.max_listening == 1
+    assert len(watch.seen) == recorded.launches + 1  # the trials and the one recording launch
+    assert (tmp_path / "recorded" / "reference.strec").is_file()
+    assert any("recorded" in n for n in recorded.notes)
+    with StackWatcher(tag) as live_watch:
+        live = isolate(live_manifest, tmp_path / "live")
+    assert live_watch.max_alive == 2  # side by side: the reference server beside a trial's
+    assert recorded.status is live.status is Status.FOUND
+    assert recorded.culprit_names == live.culprit_names == [("hash_topk_routed_scaling",)]
+    assert recorded.interactions == live.interactions
+    verdicts = {j.config: j.verdict for j in recorded.judgements}
+    assert verdicts == {j.config: j.verdict for j in live.judgements if j.config in verdicts}
