@@ -31,6 +31,8 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
     preset = "quick"               # start from the probe's quick settings
     settings = { ... }             # fields of the probe's settings, by name
     argv = ["python", "eval.py", "{base_url}"]  # kind = "command": prints one JSON object of figures
+    api = "vllm"                   # server targets: prompt logprobs via openai echo | vllm | sglang
+    model = "smollm2"              # server targets: the model name requests carry (default: served_model)
 
     [verdict]
     rule = "threshold"             # threshold | recall_drop
@@ -61,6 +63,7 @@ from speedtrap.isolate._spec import (
     DEFAULT_HEALTH,
     DIRECTIONS,
     EXECUTORS,
+    PROBE_APIS,
     PROBE_KINDS,
     RULES,
     IsolateManifest,
@@ -111,7 +114,7 @@ _PATCH_KEYS = {
     "scope",
     "phases",
 }
-_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout"}
+_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "api", "model"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
 _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
@@ -331,7 +334,16 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec) -> ProbeSpec:
     if kind != "command" and argv:
         raise ManifestError('probe.argv is only for kind = "command"', "drop probe.argv")
     timeout = number(raw.get("timeout", 600.0), "probe.timeout")
-    return ProbeSpec(kind, None if preset == "default" else preset, dict(settings), argv, timeout)
+    api, model = raw.get("api", "openai"), raw.get("model")
+    if api not in PROBE_APIS:
+        raise ManifestError(f"probe.api {api!r} is not one of {', '.join(PROBE_APIS)}", 'write api = "openai"')
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ManifestError("probe.model must be a non-empty string", 'write model = "the name the server serves"')
+    for key in ("api", "model"):
+        if key in raw and (target.in_process or kind == "command"):
+            raise ManifestError(f"probe.{key} is for the HTTP probes of a server target", f"drop probe.{key}")
+    preset_name = None if preset == "default" else preset
+    return ProbeSpec(kind, preset_name, dict(settings), argv, timeout, api, model)
 
 
 def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:

@@ -292,12 +292,15 @@ class ServerOracle:
         from speedtrap import probe
 
         settings = probe_settings(self.probe, request.repeat)
-        model = self.target.served_model or ""
-        ref_url = self._ref_url(request) if self.probe.kind == "divergence" and request.config else base_url
+        model = self.probe.model or self.target.served_model or ""
+        api: Any = self.probe.api
+        ref = self.reference(request) if self.probe.kind == "divergence" and request.config else server
 
         async def measure() -> Any:
-            candidate = probe.HttpBackend(base_url, model)
-            reference = candidate if ref_url == base_url else probe.HttpBackend(ref_url, model)
+            candidate = probe.HttpBackend(base_url, model, api=api, watch=server.died)
+            reference = candidate
+            if ref is not server:
+                reference = probe.HttpBackend(f"http://127.0.0.1:{ref.port}", model, api=api, watch=ref.died)
             try:
                 if self.probe.kind == "recall":
                     return await probe.arun_recall(candidate, settings, progress=False)
@@ -309,10 +312,6 @@ class ServerOracle:
 
         report = asyncio.run(measure())
         return report_figures(self.probe.kind, report), _write_report(request, report)
-
-    def _ref_url(self, request: TrialRequest) -> str:
-        ref = self.reference(request)
-        return f"http://127.0.0.1:{ref.port}"
 
     def close(self) -> None:
         if self._reference is not None:
