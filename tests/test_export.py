@@ -21,6 +21,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     return out, json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_export_and_matches_smol_moe(
     exported: tuple[Path, dict[str, object]], smol: InProcessModel
 ) -> None:
@@ -42,9 +43,12 @@ def test_transformers_loads_the_export_and_matches_smol_moe(
     assert "<|im_start|>user\nHi<|im_end|>" in rendered  # SmolLM2's ChatML template came along
 
 
-def test_export_refuses_a_folder_in_use(exported: tuple[Path, dict[str, object]]) -> None:
-    out, _ = exported
-    argv = [sys.executable, "-m", "speedtrap", "export", "--out", str(out)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert done.returncode == 2 and "already exists and is not an empty folder" in done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_export_refuses_a_folder_in_use_and_a_bad_format(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("keep me")
+    expected = {"": "already exists and is not an empty folder", "gguf": "--format 'gguf' is not one of hf"}
+    for fmt, message in expected.items():
+        argv = [sys.executable, "-m", "speedtrap", "export", "--out", str(tmp_path)]
+        done = subprocess.run([*argv, *(["--format", fmt] if fmt else [])], capture_output=True, text=True, check=False)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "mine.txt").read_text() == "keep me"

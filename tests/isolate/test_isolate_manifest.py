@@ -84,7 +84,7 @@ def test_the_probe_names_its_dialect_and_model() -> None:
     assert m.probe.identity()["api"] == "vllm"  # a different dialect is a different trial
     default = parse(GOOD).probe
     assert (default.api, default.model) == ("openai", None) and "api" not in default.identity()
-    with pytest.raises(ManifestError, match="probe.api is for the HTTP probes"):
+    with pytest.raises(ManifestError, match=r"probe\.api is for the HTTP probes"):
         parse('[target]\nname = "smol-moe"\n[probe]\napi = "vllm"\n[verdict]\nbound = 1.0\n')
 
 

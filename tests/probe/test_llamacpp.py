@@ -7,8 +7,8 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from probe_helpers import LLAMA_GRID, THREADS, Server, free_port, start_server, stop_server
@@ -68,7 +68,8 @@ def test_a_crashing_llama_cpp_fails_at_once_naming_its_log(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_recall_runs_unchanged_against_llama_cpp(llama: Server) -> None:
-    report = run_recall(HttpBackend(llama.url, watch=llama.died), LLAMA_GRID, progress=False)  # model "": the one it serves
+    backend = HttpBackend(llama.url, watch=llama.died)  # model "": the one it serves
+    report = run_recall(backend, LLAMA_GRID, progress=False)
     assert report.overall.n == 2
     assert report.overall.accuracy >= 0.5, report.answers()  # anchors.md: 8/8 up to 689 tokens
     assert all(100 < s.prompt_tokens <= max(LLAMA_GRID.lengths) for s in report.samples)

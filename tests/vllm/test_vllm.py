@@ -44,6 +44,10 @@ pytestmark = pytest.mark.slow
 MANIFEST = ROOT / "examples" / "vllm" / "speedtrap.toml"
 CULPRIT = "double_norm_gain"  # applies a norm's gain twice in layers 2-4 (examples/vllm/plugin)
 HARMLESS = ("silu_native", "rmsnorm_native")  # the same functions in plain torch ops
+# The example's patches this test searches: the plugin's three and two exact flags. Left out to keep the
+# launches few (about a minute each here): fp8_kv_cache, bf16 and compiled, whose verdicts no one
+# constructed (README: the run over all eight, with the CLI).
+SEARCHED = (CULPRIT, *HARMLESS, "prefix_caching", "chunked_prefill_256")
 
 
 def _url(server: Server) -> str:
@@ -127,9 +131,10 @@ class MemoOracle:
 def test_bisect_over_the_example_names_the_constructed_culprit_and_agrees_with_brute_force(
     stack: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    manifest = load_isolate_manifest(MANIFEST)
+    example = load_isolate_manifest(MANIFEST)
+    manifest = dataclasses.replace(example, patches=tuple(p for p in example.patches if p.name in SEARCHED))
     names = [p.name for p in manifest.patches]
-    assert CULPRIT in names and set(HARMLESS) <= set(names)
+    assert sorted(names) == sorted(SEARCHED)
     oracle = MemoOracle(ServerOracle(manifest.target, manifest.patches, manifest.probe))
     oracle.workdir = tmp_path / "brute"
     rule = ThresholdRule(manifest.verdict.metric, manifest.verdict.bound, manifest.verdict.direction, 0.0)
@@ -140,6 +145,8 @@ def test_bisect_over_the_example_names_the_constructed_culprit_and_agrees_with_b
         result = isolate(manifest, tmp_path / "run", oracle=oracle)
     finally:
         oracle.close()
+    launched = len(oracle.memo)
+    print(f"\nvLLM bisect: {len(result.trials)} trials of the search, {launched} configurations launched in all")
     assert result.status is Status.FOUND
     assert {frozenset(c.patches) for c in result.culprits} == {frozenset({p}) for p, bad in single.items() if bad}
     for j in result.judgements:

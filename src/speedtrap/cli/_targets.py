@@ -87,12 +87,13 @@ def export_cmd(
 ) -> None:
     """Write the dense model a target is built from, for any server to serve (vLLM, SGLang, transformers)."""
     from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
-    from speedtrap.targets.smolmoe.export import FORMATS, export_hf
+    from speedtrap.targets.smolmoe.export import FORMATS, check_out, export_hf
 
     if not isinstance(resolve_target(target), SmolMoETarget):
         raise UsageError(f"export is defined for smol-moe only, not {target!r}", "pass --target smol-moe")
     if format not in FORMATS:
         raise UsageError(f"--format {format!r} is not one of {', '.join(FORMATS)}", "pass --format hf")
+    check_out(out, force)  # before reading any weights
     with err_console.status("reading the dense weights"):
         result = export_hf(dense_weights(), out, overwrite=force)
     if json:

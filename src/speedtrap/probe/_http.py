@@ -65,7 +65,11 @@ def plain_text(messages: Sequence[Message]) -> str:
 
 
 class HttpBackend:
-    """A server at ``base_url`` serving ``model`` ("" or "default": the first model it lists)."""
+    """A server at ``base_url`` serving ``model`` ("" or "default": the first model it lists).
+
+    ``watch``: where the caller started the server, a check that returns its error once the process
+    has exited (naming its log); a request then fails at the first retry instead of retrying a corpse.
+    """
 
     def __init__(
         self,

@@ -58,11 +58,16 @@ def hf_config(dense: DenseWeights) -> dict[str, Any]:
     return config
 
 
+def check_out(out: Path, overwrite: bool = False) -> None:
+    """``out`` may be written: absent, an empty folder, or (with ``overwrite``) any folder."""
+    if out.exists() and not (out.is_dir() and (overwrite or not any(out.iterdir()))):
+        raise UsageError(f"{out} already exists and is not an empty folder", "choose another --out, or pass --force")
+
+
 def export_hf(dense: DenseWeights, out: Path, overwrite: bool = False) -> ExportResult:
     """Write the dense model to ``out`` (a new folder, or an earlier export with ``overwrite``)."""
     out = Path(out)
-    if out.exists() and not (out.is_dir() and (overwrite or not any(out.iterdir()))):
-        raise UsageError(f"{out} already exists and is not an empty folder", "choose another --out, or pass --force")
+    check_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
