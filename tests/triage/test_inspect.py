@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
@@ -218,3 +220,11 @@ def test_vllm_plugins_selection_follows_vllm() -> None:
     maps = "7f0-7f1 r--p 00000000 08:01 12 /v/lib/python3.11/site-packages/torch/lib/libc10.so\n7f2-7f3 rw-p 0 0 0\n"
     assert site_dirs(maps) == [Path("/v/lib/python3.11/site-packages")]
     assert process_plugins(None, {"VLLM_PLUGINS": "x"})[0].name == "x"  # remote: what VLLM_PLUGINS asks for
+
+
+@given(st.text(max_size=400))
+@settings(max_examples=200, deadline=None)
+def test_any_maps_text_reads_as_site_folders_or_nothing(maps: str) -> None:
+    from speedtrap.triage._plugins import site_dirs
+
+    assert all(d.name in ("site-packages", "dist-packages") for d in site_dirs(maps))

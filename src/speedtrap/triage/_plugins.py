@@ -61,7 +61,7 @@ def site_dirs(maps: str) -> list[Path]:
 
 def installed_entry_points(site: Path) -> list[tuple[str, str, str, str]]:
     """(group, name, target, distribution) of the plugin groups declared in one site-packages folder."""
-    out = []
+    out: list[tuple[str, str, str, str]] = []
     for file in sorted(site.glob("*.dist-info/entry_points.txt")):
         parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
         parser.optionxform = str  # type: ignore[assignment,method-assign]
