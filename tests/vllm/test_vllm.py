@@ -145,8 +145,13 @@ def test_bisect_over_the_example_names_the_constructed_culprit_and_agrees_with_b
         result = isolate(manifest, tmp_path / "run", oracle=oracle)
     finally:
         oracle.close()
-    launched = len(oracle.memo)
-    print(f"\nvLLM bisect: {len(result.trials)} trials of the search, {launched} configurations launched in all")
+    launches = sorted(m.launch_s for m in oracle.memo.values())
+    probes = sorted(m.probe_s for m in oracle.memo.values())
+    print(
+        f"\nvLLM bisect: {len(result.trials)} trials of the search, {len(launches)} configurations launched in all; "
+        f"launch {launches[0]:.0f}-{launches[-1]:.0f} s, probe {probes[0]:.0f}-{probes[-1]:.0f} s; "
+        f"culprits {[sorted(c.patches) for c in result.culprits]}; single fails {single}"
+    )
     assert result.status is Status.FOUND
     assert {frozenset(c.patches) for c in result.culprits} == {frozenset({p}) for p, bad in single.items() if bad}
     for j in result.judgements:

@@ -27,7 +27,7 @@ TORCH_VERSION = "2.13.0"
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".vllm-venv"
 PLUGIN = ROOT / "examples" / "vllm" / "plugin"
-READY = VENV / "speedtrap-ready"
+READY = "speedtrap-ready"  # the marker of a finished build
 MODEL = ROOT / ".vllm-model"
 SERVED = "smollm2"
 START_TIMEOUT = 600.0  # a launch is 30-40 s on 2 idle cores; the tests share them with other work
@@ -94,12 +94,12 @@ def _build(venv: Path, log: Path) -> None:
 
 def ensure_venv(venv: Path = VENV) -> Path:
     """The vLLM venv's python, built on first use (under a lock) and reused once its marker exists."""
+    ready = venv / READY
     with _locked(venv.parent / ".vllm-venv.lock"):
-        if not READY.exists() or venv != VENV:
-            log = venv.parent / ".vllm-venv-build.log"
+        if not ready.exists():  # written last: a build cut short is redone from scratch
             start = time.monotonic()
-            _build(venv, log)
-            (venv / "speedtrap-ready").write_text(f"built in {time.monotonic() - start:.0f} s\n")
+            _build(venv, venv.parent / ".vllm-venv-build.log")
+            ready.write_text(f"built in {time.monotonic() - start:.0f} s\n")
     return venv_python(venv)
 
 
