@@ -78,6 +78,16 @@ def test_a_valid_manifest_reads_back() -> None:
     assert m.prior == ("env_patch",)
 
 
+def test_the_probe_names_its_dialect_and_model() -> None:
+    m = parse(_swap('kind = "divergence"', 'kind = "divergence"\napi = "vllm"\nmodel = "smollm2"'))
+    assert (m.probe.api, m.probe.model) == ("vllm", "smollm2")
+    assert m.probe.identity()["api"] == "vllm"  # a different dialect is a different trial
+    default = parse(GOOD).probe
+    assert (default.api, default.model) == ("openai", None) and "api" not in default.identity()
+    with pytest.raises(ManifestError, match=r"probe\.api is for the HTTP probes"):
+        parse('[target]\nname = "smol-moe"\n[probe]\napi = "vllm"\n[verdict]\nbound = 1.0\n')
+
+
 def test_an_in_process_manifest_needs_no_patches() -> None:
     m = parse('[target]\nname = "smol-moe"\noverrides = { routed_scaling_factor = 1.5 }\n[verdict]\nbound = 1.0\n')
     assert m.target.in_process and m.target.overrides == (("routed_scaling_factor", "1.5"),) and m.patches == ()
@@ -106,6 +116,9 @@ BAD = [
     (_swap('gate = "ungated"', 'gate = "ungated"\nenv = { X = "1" }'), "patches[3] is marked ungated but has"),
     (_swap('kind = "divergence"', 'kind = "vibes"'), "probe.kind 'vibes' is not one of"),
     (_swap('kind = "divergence"', 'kind = "command"'), 'probe.kind = "command" needs probe.argv'),
+    (_swap('kind = "divergence"', 'api = "tgi"'), "probe.api 'tgi' is not one of openai, vllm, sglang"),
+    (_swap('kind = "divergence"', "model = 7"), "probe.model must be a non-empty string"),
+    (_swap('kind = "divergence"', 'kind = "command"\nargv = ["x"]\napi = "vllm"'), "probe.api is for the HTTP probes"),
     (_swap("bound = 0.3", "bound = true"), "verdict.bound must be a number"),
     (_swap("bound = 0.3\n", ""), "verdict.bound is missing"),
     (_swap("repeats = 1", "repeats = -1"), "verdict.repeats must be an integer >= 0"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from speedtrap._errors import ServerError
 from speedtrap.probe import RecallSettings
 
 THREADS = 1
@@ -40,6 +41,14 @@ class Server:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def died(self) -> ServerError | None:
+        """The HttpBackend ``watch``: a server that crashed fails the request in one line naming its log."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        return ServerError(f"the server at {self.url} exited ({how}); read its log: {self.log}", "see the log")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
@@ -201,3 +203,71 @@ def test_working_directories_are_shown_not_redacted() -> None:
     env, hidden = redact_env({"PWD": "/srv/app", "OLDPWD": "/root", "HF_TOKEN": "hf_abcdefghijk"})
     assert hidden == ["HF_TOKEN"]
     assert env["PWD"] == "/srv/app" and env["OLDPWD"] == "/root"
+
+
+ENTRY_POINTS = """\
+[console_scripts]
+tool = example_plugin.cli:main
+
+[vllm.general_plugins]
+example_patches = example_plugin:register
+other = example_plugin.other:register
+"""
+
+
+@pytest.fixture
+def plugin_host(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real process with a file of a site-packages folder mapped (as vLLM maps torch's libraries there);
+    the folder declares two vLLM general plugins, and VLLM_PLUGINS selects one of them."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    (site / "example_plugin-0.1.0.dist-info").mkdir(parents=True)
+    (site / "example_plugin-0.1.0.dist-info" / "entry_points.txt").write_text(ENTRY_POINTS)
+    (site / "libmapped.so").write_bytes(b"\0" * 4096)
+    code = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+    code += "print('mapped', flush=True); time.sleep(60)"
+    env = {"PATH": os.environ.get("PATH", ""), "VLLM_PLUGINS": "example_patches", "SPEEDTRAP_VLLM_X": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(site / "libmapped.so")], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"mapped\n"
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_inspect_names_the_vllm_plugins_the_process_loads(plugin_host: subprocess.Popen[bytes]) -> None:
+    result = CliRunner().invoke(app, ["inspect", "--pid", str(plugin_host.pid), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["plugins_loaded"] == ["example_patches"]
+    by_name = {p["name"]: p for p in data["plugins"]}
+    assert by_name.keys() == {"example_patches", "other"}  # console_scripts is not a plugin group
+    assert by_name["example_patches"] == {
+        "group": "vllm.general_plugins",
+        "name": "example_patches",
+        "target": "example_plugin:register",
+        "distribution": "example_plugin 0.1.0",
+        "loaded": True,
+    }
+    assert not by_name["other"]["loaded"]
+    human = CliRunner().invoke(app, ["inspect", "--pid", str(plugin_host.pid)])
+    assert "plugin example_patches (vllm.general_plugins: example_plugin:register" in human.output
+    assert "plugin other" in human.output and "not selected by VLLM_PLUGINS" in human.output
+
+
+def test_vllm_plugins_selection_follows_vllm() -> None:
+    from speedtrap.triage._plugins import process_plugins, selected, site_dirs
+
+    assert selected({}) is None and selected({"VLLM_PLUGINS": "a,b"}) == ["a", "b"]
+    assert selected({"VLLM_PLUGINS": ""}) == [""]  # set but empty: vLLM loads none
+    maps = "7f0-7f1 r--p 00000000 08:01 12 /v/lib/python3.11/site-packages/torch/lib/libc10.so\n7f2-7f3 rw-p 0 0 0\n"
+    assert site_dirs(maps) == [Path("/v/lib/python3.11/site-packages")]
+    assert process_plugins(None, {"VLLM_PLUGINS": "x"})[0].name == "x"  # remote: what VLLM_PLUGINS asks for
+
+
+@given(st.text(max_size=400))
+@settings(max_examples=200, deadline=None)
+def test_any_maps_text_reads_as_site_folders_or_nothing(maps: str) -> None:
+    from speedtrap.triage._plugins import site_dirs
+
+    assert all(d.name in ("site-packages", "dist-packages") for d in site_dirs(maps))

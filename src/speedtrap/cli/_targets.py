@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
 from speedtrap.patching import names_switched_on, parse_patch_list, select_patches_by_name
 from speedtrap.targets import known_targets, resolve_target
@@ -72,3 +74,29 @@ def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = 
         f"{verdict}: {result.tokens} tokens, top-1 agreement {result.top1_agreement:.4f}, "
         f"max |logit diff| {result.max_abs_logit_diff:.3g} (bound {result.bound:g}), patches: {list(result.patches)}"
     )
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write (new, or empty).")],
+    target: TargetOpt = "smol-moe",
+    format: Annotated[str, typer.Option("--format", help="hf: a Hugging Face folder (LlamaForCausalLM).")] = "hf",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing folder.")] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Write the dense model a target is built from, for any server to serve (vLLM, SGLang, transformers)."""
+    from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
+    from speedtrap.targets.smolmoe.export import FORMATS, check_out, export_hf
+
+    if not isinstance(resolve_target(target), SmolMoETarget):
+        raise UsageError(f"export is defined for smol-moe only, not {target!r}", "pass --target smol-moe")
+    if format not in FORMATS:
+        raise UsageError(f"--format {format!r} is not one of {', '.join(FORMATS)}", "pass --format hf")
+    check_out(out, force)  # before reading any weights
+    with err_console.status("reading the dense weights"):
+        result = export_hf(dense_weights(), out, overwrite=force)
+    if json:
+        emit_json(result.to_json())
+        return
+    out_console.print(f"wrote {result.out} ({result.parameters:,} parameters, float32): {', '.join(result.files)}")

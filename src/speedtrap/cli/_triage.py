@@ -170,6 +170,10 @@ def inspect_cmd(
         table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
     out_console.print(table)
     out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False, markup=False)
+    for p in report.plugins:
+        state = "loaded" if p.loaded else "installed, not selected by VLLM_PLUGINS"
+        line = f"plugin {p.name} ({p.group}: {p.target}, {p.distribution}): {state}"
+        out_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if report.other_switches:
         out_console.print(
             "other switch-like variables: " + ", ".join(f"{k}={v}" for k, v in report.other_switches.items()),

@@ -32,6 +32,8 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
     settings = { ... }             # fields of the probe's settings, by name
     argv = ["python", "eval.py", "{base_url}"]  # kind = "command": prints one JSON object of figures
     reference = "recorded"         # divergence baseline: recorded (default) | live | a recording's path
+    api = "vllm"                   # server targets: prompt logprobs via openai echo | vllm | sglang
+    model = "smollm2"              # server targets: the model name requests carry (default: served_model)
 
     [verdict]
     rule = "threshold"             # threshold | recall_drop
@@ -62,6 +64,7 @@ from speedtrap.isolate._spec import (
     DEFAULT_HEALTH,
     DIRECTIONS,
     EXECUTORS,
+    PROBE_APIS,
     PROBE_KINDS,
     REFERENCE_MODES,
     RULES,
@@ -118,7 +121,7 @@ _PATCH_KEYS = {
     "phases",
     "commit",
 }
-_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference"}
+_PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference", "api", "model"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
 _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
@@ -356,7 +359,16 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
                 "drop probe.reference: recall's reference is the baseline trial",
             )
         reference = str(resolve(base, reference))
-    return ProbeSpec(kind, None if preset == "default" else preset, dict(settings), argv, timeout, reference)
+    api, model = raw.get("api", "openai"), raw.get("model")
+    if api not in PROBE_APIS:
+        raise ManifestError(f"probe.api {api!r} is not one of {', '.join(PROBE_APIS)}", 'write api = "openai"')
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ManifestError("probe.model must be a non-empty string", 'write model = "the name the server serves"')
+    for key in ("api", "model"):
+        if key in raw and (target.in_process or kind == "command"):
+            raise ManifestError(f"probe.{key} is for the HTTP probes of a server target", f"drop probe.{key}")
+    preset_name = None if preset == "default" else preset
+    return ProbeSpec(kind, preset_name, dict(settings), argv, timeout, api, model, reference)
 
 
 def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:

@@ -353,14 +353,17 @@ class ServerOracle:
         from speedtrap import probe
 
         settings = probe_settings(self.probe, request.repeat)
-        model = self.target.served_model or ""
+        model = self.probe.model or self.target.served_model or ""
+        api: Any = self.probe.api
         if _reference.uses_recording(self.probe):
-            return self._against_recording(base_url, request)
-        ref_url = self._ref_url(request) if self.probe.kind == "divergence" and request.config else base_url
+            return self._against_recording(server, request)
+        ref = self.reference(request) if self.probe.kind == "divergence" and request.config else server
 
         async def measure() -> Any:
-            candidate = probe.HttpBackend(base_url, model)
-            reference = candidate if ref_url == base_url else probe.HttpBackend(ref_url, model)
+            candidate = probe.HttpBackend(base_url, model, api=api, watch=server.died)
+            reference = candidate
+            if ref is not server:
+                reference = probe.HttpBackend(f"http://127.0.0.1:{ref.port}", model, api=api, watch=ref.died)
             try:
                 if self.probe.kind == "recall":
                     return await probe.arun_recall(candidate, settings, progress=False)
@@ -373,7 +376,7 @@ class ServerOracle:
         report = asyncio.run(measure())
         return report_figures(self.probe.kind, report), _write_report(request, report)
 
-    def _against_recording(self, base_url: str, request: TrialRequest) -> tuple[dict[str, float], str | None]:
+    def _against_recording(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], str | None]:
         """Divergence of this trial's server from the recorded baseline (its identity checked first)."""
         from speedtrap import probe
 
@@ -381,7 +384,9 @@ class ServerOracle:
             self.prepare(request.workdir.parent if request.workdir is not None else None)
 
         async def measure() -> Any:
-            candidate = probe.HttpBackend(base_url, self.target.served_model or "")
+            model = self.probe.model or self.target.served_model or ""
+            base_url = f"http://127.0.0.1:{server.port}"
+            candidate = probe.HttpBackend(base_url, model, api=self.probe.api, watch=server.died)  # type: ignore[arg-type]
             try:
                 await probe.check_identity(self._recording, candidate)
                 return await probe.adivergence_against(self._recording, candidate, progress=False)
@@ -390,10 +395,6 @@ class ServerOracle:
 
         report = asyncio.run(measure())
         return report_figures(self.probe.kind, report), _write_report(request, report)
-
-    def _ref_url(self, request: TrialRequest) -> str:
-        ref = self.reference(request)
-        return f"http://127.0.0.1:{ref.port}"
 
     def close(self) -> None:
         if self._reference is not None:

@@ -11,6 +11,7 @@ from speedtrap.patching import Gate, GateKind
 
 EXECUTORS = ("local", "ray")
 PROBE_KINDS = ("divergence", "recall", "command")
+PROBE_APIS = ("openai", "vllm", "sglang")  # the prompt-logprob dialect of probe.HttpBackend
 RULES = ("threshold", "recall_drop")
 DIRECTIONS = ("above", "below")
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
@@ -138,6 +139,8 @@ class ProbeSpec:
     settings: Mapping[str, Any] = field(default_factory=dict)
     argv: tuple[str, ...] = ()  # kind = "command"
     timeout: float = 600.0  # kind = "command": seconds
+    api: str = "openai"  # server targets: the prompt-logprob dialect (openai | vllm | sglang)
+    model: str | None = None  # server targets: the model name requests carry (None: target.served_model)
     # kind = "divergence": the baseline. "recorded": servers record the baseline configuration once, then
     # trials compare with the recording (one server at a time; in-process targets compare live); "live":
     # a reference server beside each trial; else the path of a recording (speedtrap record).
@@ -148,7 +151,10 @@ class ProbeSpec:
         return None if self.reference in REFERENCE_MODES else Path(self.reference)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "preset": self.preset, "settings": dict(self.settings), "argv": list(self.argv)}
+        out = {"kind": self.kind, "preset": self.preset, "settings": dict(self.settings), "argv": list(self.argv)}
+        if self.api != "openai" or self.model is not None:  # left out when default: earlier runs' keys hold
+            out.update(api=self.api, model=self.model)
+        return out
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ import asyncio
 import json
 import random
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 
-from speedtrap._errors import ProbeError, ServerError, UsageError
+from speedtrap._errors import ProbeError, ServerError, SpeedtrapError, UsageError
 from speedtrap.probe._backend import STOP, ChatAnswer, Message, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._http_parse import (
     parse_chat,
@@ -30,6 +30,8 @@ from speedtrap.probe._http_parse import (
 )
 
 Api = Literal["openai", "vllm", "sglang"]
+# Where the caller owns the server process: its error if the process has exited (naming its log), else None.
+Watch = Callable[[], SpeedtrapError | None]
 DEFAULT_TIMEOUT = 600.0  # seconds to wait for an answer: a long prompt on a busy server is slow
 CONTEXT_WORDS = ("context", "too long", "maximum", "exceed")
 AUTO_MODEL = frozenset({"", "default"})  # model names that mean "the first model the server lists"
@@ -63,7 +65,11 @@ def plain_text(messages: Sequence[Message]) -> str:
 
 
 class HttpBackend:
-    """A server at ``base_url`` serving ``model`` ("" or "default": the first model it lists)."""
+    """A server at ``base_url`` serving ``model`` ("" or "default": the first model it lists).
+
+    ``watch``: where the caller started the server, a check that returns its error once the process
+    has exited (naming its log); a request then fails at the first retry instead of retrying a corpse.
+    """
 
     def __init__(
         self,
@@ -77,6 +83,7 @@ class HttpBackend:
         api: Api = "openai",
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        watch: Watch | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in {"http", "https"} or not parts.netloc:
@@ -91,6 +98,7 @@ class HttpBackend:
         self.concurrency = concurrency
         self._timeout = timeout
         self._transport = transport
+        self._watch = watch  # a dead server fails the request at once, with its log, instead of retries
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._pool: _Pool | None = None  # this event loop's clients
         self._tls: ssl.SSLContext | None = None  # one for every client (httpx would load one each: 20 ms)
@@ -151,6 +159,9 @@ class HttpBackend:
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1) * (1 + random.random() / 4))
+                died = self._watch() if self._watch is not None else None
+                if died is not None:  # checked after the pause: a crashing process has exited by then
+                    raise died
             try:
                 resp = await self._send(pool, method, path, payload)
             except httpx.ConnectError as exc:

@@ -14,6 +14,7 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG
+from speedtrap.triage._plugins import PluginEntry, process_plugins
 from speedtrap.triage._sources import PatchInput
 
 REDACTED = "<redacted>"
@@ -78,16 +79,23 @@ class InspectReport:
     gates: list[GateState]
     redacted: list[str] = field(default_factory=list)
     other_switches: dict[str, str] = field(default_factory=dict)
+    plugins: list[PluginEntry] = field(default_factory=list)  # vLLM plugins installed where it runs
 
     @property
     def patches_on(self) -> list[str]:
         return [g.patch for g in self.gates if g.state == "on"]
+
+    @property
+    def plugins_loaded(self) -> list[str]:
+        return [p.name for p in self.plugins if p.loaded]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "host": self.host or "local",
             "patches_on": self.patches_on,
+            "plugins_loaded": self.plugins_loaded,
+            "plugins": [p.to_json() for p in self.plugins],
             "gates": [g.to_json() for g in self.gates],
             "argv": self.argv,
             "other_switches": self.other_switches,
@@ -282,8 +290,10 @@ def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], loca
 
 def inspect_process(pid: int, patches: list[PatchInput], ssh_host: str | None = None) -> InspectReport:
     argv, env = read_process(pid, ssh_host)
+    maps = None if ssh_host else _read_local(pid, "maps").decode("utf-8", "replace")
     gates = [gate_state(p.name, p.gate, argv, env, ssh_host is None) for p in patches if p.gate is not None]
     known = {k for p in patches if p.gate is not None for k, _ in p.gate.env}
     env_shown, hidden = redact_env(env)
     others = {k: v for k, v in env_shown.items() if k.startswith(_SWITCH_PREFIXES) and k not in known}
-    return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others)
+    plugins = process_plugins(maps, env)
+    return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others, plugins)
