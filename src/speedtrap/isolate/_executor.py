@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from speedtrap._errors import ProbeError, ServerError, UsageError
 from speedtrap.isolate._launch import CommandNotFound
@@ -43,6 +43,7 @@ class Measurement:
     report_path: str | None = None
     launch_s: float = 0.0
     probe_s: float = 0.0
+    report: dict[str, Any] | None = None  # the probe's report (its to_json), in memory: callers need no file
 
 
 @dataclass(frozen=True)

@@ -124,12 +124,12 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
     return out
 
 
-def _write_report(request: TrialRequest, report: Any) -> str | None:
+def _write_report(request: TrialRequest, report: Mapping[str, Any]) -> str | None:
     if request.workdir is None:
         return None
     request.workdir.mkdir(parents=True, exist_ok=True)
     path = request.workdir / f"{request.label}.json"
-    path.write_text(json.dumps(report.to_json(), indent=1, default=str))
+    path.write_text(json.dumps(dict(report), indent=1, default=str))
     return str(path)
 
 
@@ -218,7 +218,8 @@ class InProcessOracle:
                 self._baseline = probe.InProcessBackend(self.model, list(self.always_on))
             report = probe.run_divergence(self._baseline, candidate, settings, progress=False)
         figures = report_figures(self.probe.kind, report)
-        return Measurement(figures, None, _write_report(request, report), 0.0, time.perf_counter() - t0)
+        doc = report.to_json()
+        return Measurement(figures, None, _write_report(request, doc), 0.0, time.perf_counter() - t0, doc)
 
     def close(self) -> None:
         pass
@@ -333,7 +334,7 @@ class ServerOracle:
         with server:
             t1 = time.perf_counter()
             try:
-                figures, report_path = self._probe(server, request)
+                figures, doc = self._probe(server, request)
             except Exception as exc:
                 died = server.died()
                 if died is not None:
@@ -344,9 +345,12 @@ class ServerOracle:
                     error = ProbeError(f"the probe failed: {type(exc).__name__}: {exc}; server log: {log}")
                     raise _with_log(error, log) from None
                 raise
-        return Measurement(figures, str(log), report_path, launch_s or (t1 - t0), time.perf_counter() - t1)
+        report_path = _write_report(request, doc) if doc is not None else None
+        probe_s = time.perf_counter() - t1
+        return Measurement(figures, str(log), report_path, launch_s or (t1 - t0), probe_s, doc)
 
-    def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], str | None]:
+    def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], dict[str, Any] | None]:
+        """The trial's figures and its probe report's JSON (None for a command probe)."""
         base_url = f"http://127.0.0.1:{server.port}"
         if self.probe.kind == "command":
             return run_command_probe(self.probe, base_url, request), None
@@ -374,9 +378,11 @@ class ServerOracle:
                     await reference.aclose()
 
         report = asyncio.run(measure())
-        return report_figures(self.probe.kind, report), _write_report(request, report)
+        return report_figures(self.probe.kind, report), report.to_json()
 
-    def _against_recording(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], str | None]:
+    def _against_recording(
+        self, server: Server, request: TrialRequest
+    ) -> tuple[dict[str, float], dict[str, Any] | None]:
         """Divergence of this trial's server from the recorded baseline (its identity checked first)."""
         from speedtrap import probe
 
@@ -394,7 +400,7 @@ class ServerOracle:
                 await candidate.aclose()
 
         report = asyncio.run(measure())
-        return report_figures(self.probe.kind, report), _write_report(request, report)
+        return report_figures(self.probe.kind, report), report.to_json()
 
     def close(self) -> None:
         if self._reference is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -84,11 +83,11 @@ def _probe_spec(ctx: Context, kind: str) -> Any:
 
 
 def _measure(ctx: Context, kind: str, config: tuple[str, ...]) -> dict[str, Any]:
-    """One probe run of one configuration, through isolate's oracles (in-process or a launched server)."""
+    """One probe run of one configuration, through isolate's oracles (in-process or a launched server);
+    the probe's report comes back in memory, typed as its JSON."""
     from speedtrap.isolate import InProcessOracle, ServerOracle, TrialRequest
 
     spec = _probe_spec(ctx, kind)
-    raw = ctx.run_dir / PROBES_DIR / ".raw"
     oracle: Any
     if ctx.source.in_process:
         from speedtrap.isolate import TargetSpec
@@ -99,17 +98,14 @@ def _measure(ctx: Context, kind: str, config: tuple[str, ...]) -> dict[str, Any]
         manifest = ctx.manifest
         oracle = ServerOracle(manifest.target, manifest.patches, spec)
     label = f"{kind}-{patches_slug(config)}"
+    workdir = ctx.run_dir / PROBES_DIR / ".logs" if not ctx.source.in_process else None  # server logs only
     try:
-        measurement = oracle.measure(TrialRequest(tuple(sorted(config)), 0, raw, label), 1)
+        measurement = oracle.measure(TrialRequest(tuple(sorted(config)), 0, workdir, label), 1)
     finally:
         oracle.close()
-    if measurement.report_path is None:
-        raise SpeedtrapError(f"the {kind} probe wrote no report", "check the run directory is writable")
-    path = Path(measurement.report_path)
-    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    path.unlink(missing_ok=True)
-    shutil.rmtree(raw, ignore_errors=True)
-    return result
+    if measurement.report is None:
+        raise SpeedtrapError(f"the {kind} probe returned no report", "use a divergence or recall probe")
+    return measurement.report
 
 
 def probe(ctx: Context, kind: str, label: str, role: str, config: Sequence[str]) -> Part:
