@@ -167,7 +167,11 @@ def divergence_cmd(
     patches: PatchesOpt = None,
     baseline: Annotated[
         str | None,
-        typer.Option("--baseline", help="smol-moe: baseline patches a,b (default none); URL target: the baseline URL."),
+        typer.Option(
+            "--baseline",
+            help="smol-moe: baseline patches a,b (default none); URL target: the baseline URL, or an in-process "
+            "reference (hf:<dir|file.gguf>, smol-moe).",
+        ),
     ] = None,
     lengths: LengthsOpt = None,
     sequences: Annotated[int | None, typer.Option("--sequences", help="Sequences per length.")] = None,
@@ -207,12 +211,18 @@ def divergence_cmd(
     base: Backend
     cand: Backend
     if _is_url(target):
-        if not baseline or not _is_url(baseline):
-            raise UsageError("a URL target needs --baseline URL of the baseline server", "pass --baseline http://...")
+        if not baseline:
+            raise UsageError(
+                "a URL target needs --baseline URL of the baseline server", "pass --baseline http://... or hf:<dir>"
+            )
         if patches or set_:
             raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
         cand = _http(target, model, concurrency, timeout, api, retries)
-        base = _http(baseline, baseline_model, concurrency, timeout, api, retries)
+        if _is_url(baseline):
+            base = _http(baseline, baseline_model, concurrency, timeout, api, retries)
+        else:  # an in-process reference (transformers or smol-moe), its patches off
+            reference = _load_smol(baseline, None)
+            base = InProcessBackend(reference, [], name=f"{baseline}[in-process]")
         asyncio.run(_connect(cand, base))
     else:
         if baseline and _is_url(baseline):

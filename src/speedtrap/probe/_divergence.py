@@ -22,6 +22,7 @@ from speedtrap._errors import ProbeError, UsageError
 from speedtrap.probe._backend import Backend, Prompt, TokenDist
 from speedtrap.probe._conversations import build_conversation
 from speedtrap.probe._inprocess import InProcessBackend
+from speedtrap.probe._keys import KeyTally, check_keys, check_same_tokenizer, dists_by_ids, mapper_of, prompt_by_ids
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
 from speedtrap.probe._stats import KLStats, PositionStat, summarize
@@ -37,6 +38,15 @@ APPROXIMATION = (
     "candidate's k-th logprob; decode steps are greedy continuations compared up to the first step where the two "
     "choose different tokens, with the baseline's choice as the correct token"
 )
+APPROXIMATION_K = (
+    "top-k logprobs, different on each side (baseline top-{kb}, candidate top-{kc}): KL over the baseline's "
+    "top-{kb} tokens plus one bucket for the rest of the vocabulary (a lower bound of the full KL), a token "
+    "missing from the candidate's top-{kc} taken at the candidate's k-th logprob; same-top-1 compares each side's "
+    "argmax; decode steps are greedy continuations compared up to the first step where the two choose different "
+    "tokens, with the baseline's choice as the correct token"
+)
+KEYING = "tokens keyed by id; text names mapped to ids with the target's tokenizer"
+LOGPROB_FLOOR = -100.0  # a -inf (null) logprob of the candidate, where the baseline's is finite: KL stays finite
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,9 @@ class DivergenceReport:
     approximation: str | None = None  # None: exact full-vocabulary distributions
     elapsed_s: float = 0.0
     sequence_tokens: list[int] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)  # "baseline"/"candidate" -> engine and version
+    top_k_seen: dict[str, int] = field(default_factory=dict)  # the k each side returned (HTTP only)
+    keys: dict[str, Any] = field(default_factory=dict)  # text names mapped to ids, and those that were not
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +140,9 @@ class DivergenceReport:
             "approximation": self.approximation,
             "elapsed_s": self.elapsed_s,
             "sequence_tokens": self.sequence_tokens,
+            "engines": self.engines,
+            "top_k_seen": self.top_k_seen,
+            "keys": self.keys,
         }
 
     @classmethod
@@ -139,6 +155,9 @@ class DivergenceReport:
             approximation=data.get("approximation"),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             sequence_tokens=[int(n) for n in data.get("sequence_tokens", [])],
+            engines={str(k): str(v) for k, v in data.get("engines", {}).items()},
+            top_k_seen={str(k): int(v) for k, v in data.get("top_k_seen", {}).items()},
+            keys=dict(data.get("keys", {})),
         )
 
 
@@ -180,10 +199,13 @@ def approx_kl(p: dict[str, float], q: dict[str, float]) -> float:
     """KL(p || q) over p's listed tokens plus one "rest" bucket (see :data:`APPROXIMATION`)."""
     if not p:
         return 0.0
-    floor = min(q.values()) if q else -30.0
+    finite = [v for v in q.values() if v > LOGPROB_FLOOR]
+    floor = min(finite) if finite else -30.0
     total = mass_p = mass_q = 0.0
     for token, lp in p.items():
-        lq = q.get(token, floor)
+        if lp == -math.inf:
+            continue  # probability 0 on the baseline's side: no contribution
+        lq = max(q.get(token, floor), LOGPROB_FLOOR)
         pt = math.exp(lp)
         total += pt * (lp - lq)
         mass_p += pt
@@ -204,8 +226,17 @@ def compare_dists(position: int, base: TokenDist, cand: TokenDist, truth: str) -
     return PositionStat(position, approx_kl(base.top, cand.top), base.argmax() == cand.argmax(), dp)
 
 
-async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int) -> dict[str, Any]:
+def _k(dists: Sequence[TokenDist | None]) -> int:
+    return max((len(d.top) for d in dists if d is not None), default=0)
+
+
+async def _topk(
+    base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int, seen: dict[str, int], tally: KeyTally
+) -> dict[str, Any]:
+    mapper = mapper_of(cand, base)  # the target's tokenizer first
     pb, pc = await asyncio.gather(base.prompt_logprobs(prompt, k), cand.prompt_logprobs(prompt, k))
+    pb, pc = await prompt_by_ids(pb, mapper, tally), await prompt_by_ids(pc, mapper, tally)
+    check_keys(pb.positions, pc.positions, "prefill")
     if pb.tokens != pc.tokens:
         raise ProbeError("the two backends tokenized the sequence differently", "compare servers of the same model")
     prefill = [
@@ -219,12 +250,21 @@ async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int
     db, dc = await asyncio.gather(
         base.decode_logprobs(prefix, decode_tokens, k), cand.decode_logprobs(prefix, decode_tokens, k)
     )
+    db, dc = await dists_by_ids(db, mapper, tally), await dists_by_ids(dc, mapper, tally)
+    check_keys(db, dc, "decode")
+    for side, lists in (("baseline", (pb.positions, db)), ("candidate", (pc.positions, dc))):
+        seen[side] = max(seen.get(side, 0), *(_k(x) for x in lists))
     decode = []
     for i, (b, c) in enumerate(zip(db, dc, strict=False)):
         decode.append(compare_dists(start + i, b, c, b.token))
         if b.token != c.token:
             break
     return {"prefill": prefill, "decode": decode}
+
+
+async def _describe(backend: Backend) -> str:
+    describe = getattr(backend, "describe", None)
+    return str(await describe()) if describe is not None else backend.name
 
 
 async def _sequence(backend: Backend, settings: DivergenceSettings, length: int, index: int) -> Prompt:
@@ -265,6 +305,11 @@ async def arun_divergence(
     jobs = [(n, i) for n in settings.lengths for i in range(settings.sequences)]
     header = {"settings": settings.to_json(), "baseline": baseline.name, "candidate": candidate.name}
     store = ResultsFile(results_path, "divergence", header, resume) if results_path else None
+    seen: dict[str, int] = {}
+    tally = KeyTally()
+    engines = {"baseline": await _describe(baseline), "candidate": await _describe(candidate)}
+    if not exact:
+        await check_same_tokenizer(baseline, candidate)
     finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat]]]] = {}
     for row in store.done if store else []:
         try:
@@ -283,7 +328,9 @@ async def arun_divergence(
                     found = _exact(baseline, candidate, ids, settings.decode_tokens)
                     tokens = len(ids)
                 else:
-                    found = await _topk(baseline, candidate, prompt, settings.decode_tokens, settings.top_k)
+                    found = await _topk(
+                        baseline, candidate, prompt, settings.decode_tokens, settings.top_k, seen, tally
+                    )
                     tokens = max((st.position for st in found["prefill"]), default=0) + 1
                 finished[(n, i)] = (tokens, found)
                 if store:
@@ -300,10 +347,17 @@ async def arun_divergence(
         for phase in PHASES:
             stats[phase].extend(found[phase])
     phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
-    approximation = None if exact else APPROXIMATION.format(k=settings.top_k)
     return DivergenceReport(
-        baseline.name, candidate.name, settings, phases, approximation, time.perf_counter() - started, lengths
-    )
+        baseline.name, candidate.name, settings, phases, _approximation(exact, settings.top_k, seen),
+        time.perf_counter() - started, lengths, engines, seen, {} if exact else {"note": KEYING, **tally.to_json()},
+    )  # fmt: skip
+
+
+def _approximation(exact: bool, k: int, seen: dict[str, int]) -> str | None:
+    if exact:
+        return None
+    kb, kc = seen.get("baseline", k), seen.get("candidate", k)
+    return APPROXIMATION.format(k=kb) if kb == kc else APPROXIMATION_K.format(kb=kb, kc=kc)
 
 
 def run_divergence(
