@@ -20,7 +20,7 @@ from speedtrap._errors import ProbeError, ServerError, UsageError
 from speedtrap.probe import DivergenceSettings, HttpBackend, TokenDist, run_divergence
 from speedtrap.probe._divergence import _approximation, approx_kl
 from speedtrap.probe._http_parse import parse_generation_logprobs, parse_sglang_generate
-from speedtrap.probe._keys import KeyTally, dists_by_ids
+from speedtrap.probe._keys import KeyTally, check_keys, dists_by_ids, mapper_of
 
 MESSAGES = [{"role": "user", "content": "What is the access code? Answer with the number only."}]
 SGLANG_400 = {
@@ -255,3 +255,24 @@ def test_the_approximation_names_each_sides_k_when_they_differ() -> None:
     assert same is not None and "top-20" in same and "candidate top" not in same
     differ = _approximation(False, 20, {"baseline": 20, "candidate": 5})
     assert differ is not None and "baseline top-20, candidate top-5" in differ
+
+
+def test_ids_against_text_that_no_side_can_map_are_refused() -> None:
+    ids = [TokenDist("token_id:5", -0.1, {"token_id:5": -0.1})]
+    text = [TokenDist("a", -0.1, {"a": -0.1})]
+    with pytest.raises(ProbeError, match="one side names tokens by id and the other by text"):
+        check_keys(ids, text, "decode")
+    check_keys(text, text, "decode")  # the same kind on both sides: compared as they are
+
+
+def test_what_the_target_cannot_map_is_mapped_by_the_reference() -> None:
+    class Side:
+        def __init__(self, table: dict[str, int]) -> None:
+            self.table = table
+
+        async def piece_ids(self, pieces: Sequence[str]) -> dict[str, int | None]:
+            return {p: self.table.get(p) for p in pieces}
+
+    mapper = mapper_of(Side({"a": 1}), Side({"a": 9, "b": 2}))  # type: ignore[arg-type]
+    assert mapper is not None
+    assert asyncio.run(mapper(["a", "b", "c"])) == {"a": 1, "b": 2, "c": None}

@@ -226,8 +226,9 @@ def compare_dists(position: int, base: TokenDist, cand: TokenDist, truth: str) -
     return PositionStat(position, approx_kl(base.top, cand.top), base.argmax() == cand.argmax(), dp)
 
 
-def _k(dists: Sequence[TokenDist | None]) -> int:
-    return max((len(d.top) for d in dists if d is not None), default=0)
+def _k(dists: Sequence[TokenDist | None], asked: int) -> int:
+    """The k a side returned: ``asked`` unless it capped it (a vLLM-style list adds the actual token: k + 1)."""
+    return min(asked, max((len(d.top) for d in dists if d is not None), default=0))
 
 
 async def _topk(
@@ -253,7 +254,7 @@ async def _topk(
     db, dc = await dists_by_ids(db, mapper, tally), await dists_by_ids(dc, mapper, tally)
     check_keys(db, dc, "decode")
     for side, lists in (("baseline", (pb.positions, db)), ("candidate", (pc.positions, dc))):
-        seen[side] = max(seen.get(side, 0), *(_k(x) for x in lists))
+        seen[side] = max(seen.get(side, 0), *(_k(x, k) for x in lists))
     decode = []
     for i, (b, c) in enumerate(zip(db, dc, strict=False)):
         decode.append(compare_dists(start + i, b, c, b.token))

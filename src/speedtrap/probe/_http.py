@@ -294,24 +294,23 @@ class HttpBackend:
 
     async def piece_ids(self, pieces: Sequence[str]) -> dict[str, int | None]:
         """Token ids of text pieces (as a server names tokens without ``return_tokens_as_token_ids``), by the
-        server's own tokenizer: a piece that is not exactly one token maps to None. Cached per backend."""
+        server's own ``/tokenize``: a piece that is not exactly one token, or a server without ``/tokenize``,
+        maps to None. Cached per backend."""
         await self.connect()
         todo = [p for p in dict.fromkeys(pieces) if p not in self._pieces]
-        if todo and self._tokenize is False:
-            raise ProbeError(
-                f"{self.name} names tokens by text and has no /tokenize to map them to token ids",
-                "compare against a server with /tokenize, or one that returns token ids",
-            )
 
         async def one(piece: str) -> int | None:
             data = await self._tokenize_post({"model": self.model, "prompt": piece, "add_special_tokens": False})
             if data is None:
                 self._tokenize = False
-                raise ProbeError(f"{self.name} has no /tokenize to map token text to ids", "use a server with one")
             tokens = data.get("tokens") if isinstance(data, dict) else None
             ok = isinstance(tokens, list) and len(tokens) == 1 and isinstance(tokens[0], int)
             return int(tokens[0]) if ok and tokens is not None else None
 
+        if todo and self._tokenize is None:  # one request first: a server without /tokenize answers it once
+            self._pieces[todo[0]] = await one(todo.pop(0))
+        if self._tokenize is False:
+            return {p: self._pieces.get(p) for p in pieces}
         for piece, tid in zip(todo, await asyncio.gather(*(one(p) for p in todo)), strict=True):
             self._pieces[piece] = tid
         return {p: self._pieces[p] for p in pieces}

@@ -29,12 +29,21 @@ def is_id(name: str) -> bool:
 
 
 def mapper_of(*backends: Backend) -> Mapper | None:
-    """The first backend's ``piece_ids`` (text -> id with its tokenizer), if any has one."""
-    for b in backends:
-        fn = getattr(b, "piece_ids", None)
-        if fn is not None:
-            return fn  # type: ignore[no-any-return]
-    return None
+    """Text -> id with the first backend's tokenizer (``piece_ids``); what it cannot map, with the next's."""
+    fns: list[Mapper] = [fn for fn in (getattr(b, "piece_ids", None) for b in backends) if fn is not None]
+    if not fns:
+        return None
+
+    async def mapper(pieces: Sequence[str]) -> dict[str, int | None]:
+        out: dict[str, int | None] = dict.fromkeys(pieces)
+        for fn in fns:
+            todo = [p for p in pieces if out[p] is None]
+            if not todo:
+                break
+            out.update({p: t for p, t in (await fn(todo)).items() if t is not None})
+        return out
+
+    return mapper
 
 
 @dataclass
