@@ -263,5 +263,13 @@ def _print_divergence(report: DivergenceReport) -> None:
             table.add_row(label, str(s.tokens), f"{s.kl_mean:.3g}", f"{s.kl_median:.3g}", f"{s.kl_p90:.3g}",
                           f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
         out_console.print(table)
+    for side, engine in report.engines.items():
+        out_console.print(f"{side}: {engine}", highlight=False)
+    if report.keys.get("unmapped") or report.keys.get("mapped"):
+        out_console.print(
+            f"token names mapped to ids: {report.keys['mapped']}, left as text (unmapped): {report.keys['unmapped']}"
+            + (f" e.g. {report.keys['examples']!r}" if report.keys.get("examples") else ""),
+            highlight=False,
+        )
     if report.approximation:
         err_console.print(f"note: {report.approximation}", highlight=False)
