@@ -184,7 +184,7 @@ def divergence_cmd(
         typer.Option(
             "--baseline",
             help="A recording file (speedtrap record); smol-moe: baseline patches a,b (default none); URL target: "
-            "the baseline URL.",
+            "the baseline URL, or an in-process reference (hf:<dir|file.gguf>, smol-moe).",
         ),
     ] = None,
     lengths: LengthsOpt = None,
@@ -238,12 +238,18 @@ def divergence_cmd(
     base: Backend
     cand: Backend
     if _is_url(target):
-        if not baseline or not _is_url(baseline):
-            raise UsageError("a URL target needs --baseline URL of the baseline server", "pass --baseline http://...")
+        if not baseline:
+            raise UsageError(
+                "a URL target needs --baseline URL of the baseline server", "pass --baseline http://... or hf:<dir>"
+            )
         if patches or set_:
             raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
         cand = _http(target, model, concurrency, timeout, api, retries)
-        base = _http(baseline, baseline_model, concurrency, timeout, api, retries)
+        if _is_url(baseline):
+            base = _http(baseline, baseline_model, concurrency, timeout, api, retries)
+        else:  # an in-process reference (transformers or smol-moe), its patches off
+            reference = _load_smol(baseline, None)
+            base = InProcessBackend(reference, [], name=f"{baseline}[in-process]")
         asyncio.run(_connect(cand, base))
     else:
         if baseline and _is_url(baseline):
@@ -284,5 +290,13 @@ def _print_divergence(report: DivergenceReport) -> None:
             table.add_row(label, str(s.tokens), f"{s.kl_mean:.3g}", f"{s.kl_median:.3g}", f"{s.kl_p90:.3g}",
                           f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
         out_console.print(table)
+    for side, engine in report.engines.items():
+        out_console.print(f"{side}: {engine}", highlight=False)
+    if report.keys.get("unmapped") or report.keys.get("mapped"):
+        out_console.print(
+            f"token names mapped to ids: {report.keys['mapped']}, left as text (unmapped): {report.keys['unmapped']}"
+            + (f" e.g. {report.keys['examples']!r}" if report.keys.get("examples") else ""),
+            highlight=False,
+        )
     if report.approximation:
         err_console.print(f"note: {report.approximation}", highlight=False, markup=False)

@@ -22,8 +22,20 @@ def serve_cmd(
     name: Annotated[str | None, typer.Option("--name", help="The model name to serve (default: the target's).")] = None,
     prefix_cache: Annotated[int, typer.Option("--prefix-cache", help="Conversation prefixes kept cached.")] = 8,
     threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads (default: torch's).")] = None,
+    dialect: Annotated[
+        str, typer.Option("--dialect", help="vllm, or sglang: answer as SGLang 0.5.23 does (drops vLLM-only flags).")
+    ] = "vllm",
+    context_length: Annotated[
+        int | None, typer.Option("--context-length", help="The context in tokens (default: the target's).")
+    ] = None,
+    allow_auto_truncate: Annotated[
+        bool, typer.Option("--allow-auto-truncate", help="SGLang's: cut prompts longer than the context silently.")
+    ] = False,
 ) -> None:
     """Serve a target over HTTP; patches are switched on by their env vars (and --set config keys) at launch."""
     from speedtrap.serve import parse_overrides, serve
 
-    serve(target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads)
+    serve(
+        target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads,
+        dialect=dialect, context=context_length, allow_auto_truncate=allow_auto_truncate,
+    )  # fmt: skip

@@ -22,6 +22,7 @@ from speedtrap._errors import ProbeError, UsageError
 from speedtrap.probe._backend import Backend, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._conversations import build_conversation
 from speedtrap.probe._inprocess import InProcessBackend
+from speedtrap.probe._keys import KeyTally, check_keys, check_same_tokenizer, dists_by_ids, mapper_of, prompt_by_ids
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
 from speedtrap.probe._stats import KLStats, PositionStat, summarize
@@ -38,6 +39,15 @@ APPROXIMATION = (
     "candidate's k-th logprob; decode steps are greedy continuations compared up to the first step where the two "
     "choose different tokens, with the baseline's choice as the correct token"
 )
+APPROXIMATION_K = (
+    "top-k logprobs, different on each side (baseline top-{kb}, candidate top-{kc}): KL over the baseline's "
+    "top-{kb} tokens plus one bucket for the rest of the vocabulary (a lower bound of the full KL), a token "
+    "missing from the candidate's top-{kc} taken at the candidate's k-th logprob; same-top-1 compares each side's "
+    "argmax; decode steps are greedy continuations compared up to the first step where the two choose different "
+    "tokens, with the baseline's choice as the correct token"
+)
+KEYING = "tokens keyed by id; text names mapped to ids with the target's tokenizer"
+LOGPROB_FLOOR = -100.0  # a -inf (null) logprob of the candidate, where the baseline's is finite: KL stays finite
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,9 @@ class DivergenceReport:
     approximation: str | None = None  # None: exact full-vocabulary distributions
     elapsed_s: float = 0.0
     sequence_tokens: list[int] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)  # "baseline"/"candidate" -> engine and version
+    top_k_seen: dict[str, int] = field(default_factory=dict)  # the k each side returned (HTTP only)
+    keys: dict[str, Any] = field(default_factory=dict)  # text names mapped to ids, and those that were not
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +141,9 @@ class DivergenceReport:
             "approximation": self.approximation,
             "elapsed_s": self.elapsed_s,
             "sequence_tokens": self.sequence_tokens,
+            "engines": self.engines,
+            "top_k_seen": self.top_k_seen,
+            "keys": self.keys,
         }
 
     @classmethod
@@ -140,6 +156,9 @@ class DivergenceReport:
             approximation=data.get("approximation"),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             sequence_tokens=[int(n) for n in data.get("sequence_tokens", [])],
+            engines={str(k): str(v) for k, v in data.get("engines", {}).items()},
+            top_k_seen={str(k): int(v) for k, v in data.get("top_k_seen", {}).items()},
+            keys=dict(data.get("keys", {})),
         )
 
 
@@ -181,10 +200,13 @@ def approx_kl(p: dict[str, float], q: dict[str, float]) -> float:
     """KL(p || q) over p's listed tokens plus one "rest" bucket (see :data:`APPROXIMATION`)."""
     if not p:
         return 0.0
-    floor = min(q.values()) if q else -30.0
+    finite = [v for v in q.values() if v > LOGPROB_FLOOR]
+    floor = min(finite) if finite else -30.0
     total = mass_p = mass_q = 0.0
     for token, lp in p.items():
-        lq = q.get(token, floor)
+        if lp == -math.inf:
+            continue  # probability 0 on the baseline's side: no contribution
+        lq = max(q.get(token, floor), LOGPROB_FLOOR)
         pt = math.exp(lp)
         total += pt * (lp - lq)
         mass_p += pt
@@ -222,8 +244,17 @@ async def fetch_topk(backend: Backend, prompt: Prompt, decode_tokens: int, k: in
     return TopkSide(lp, start, await backend.decode_logprobs(prefix, decode_tokens, k))
 
 
+async def keyed_by_ids(side: TopkSide, mapper: Any, tally: KeyTally) -> TopkSide:
+    """The side with every token keyed by its id (text keys mapped with the target's tokenizer)."""
+    prompt = await prompt_by_ids(side.prompt, mapper, tally)
+    return TopkSide(prompt, side.decode_start, await dists_by_ids(side.decode, mapper, tally))
+
+
 def compare_topk(base: TopkSide, cand: TopkSide) -> dict[str, list[PositionStat]]:
+    """Position by position, prefill then decode (up to the first differing greedy token)."""
     pb, pc = base.prompt, cand.prompt
+    check_keys(pb.positions, pc.positions, "prefill")
+    check_keys(base.decode, cand.decode, "decode")
     if pb.tokens != pc.tokens:
         raise ProbeError("the two backends tokenized the sequence differently", "compare servers of the same model")
     prefill = [
@@ -239,9 +270,25 @@ def compare_topk(base: TopkSide, cand: TopkSide) -> dict[str, list[PositionStat]
     return {"prefill": prefill, "decode": decode}
 
 
-async def _topk(base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int) -> dict[str, Any]:
+def _k(dists: Sequence[TokenDist | None], asked: int) -> int:
+    """The k a side returned: ``asked`` unless it capped it (a vLLM-style list adds the actual token: k + 1)."""
+    return min(asked, max((len(d.top) for d in dists if d is not None), default=0))
+
+
+async def _topk(
+    base: Backend, cand: Backend, prompt: Prompt, decode_tokens: int, k: int, seen: dict[str, int], tally: KeyTally
+) -> dict[str, Any]:
+    mapper = mapper_of(cand, base)  # the target's tokenizer first
     sides = await asyncio.gather(fetch_topk(base, prompt, decode_tokens, k), fetch_topk(cand, prompt, decode_tokens, k))
-    return compare_topk(*sides)
+    sb, sc = [await keyed_by_ids(side, mapper, tally) for side in sides]
+    for name, side in (("baseline", sb), ("candidate", sc)):
+        seen[name] = max(seen.get(name, 0), _k(side.prompt.positions, k), _k(side.decode, k))
+    return compare_topk(sb, sc)
+
+
+async def _describe(backend: Backend) -> str:
+    describe = getattr(backend, "describe", None)
+    return str(await describe()) if describe is not None else backend.name
 
 
 async def _sequence(backend: Backend, settings: DivergenceSettings, length: int, index: int) -> Prompt:
@@ -282,6 +329,11 @@ async def arun_divergence(
     jobs = [(n, i) for n in settings.lengths for i in range(settings.sequences)]
     header = {"settings": settings.to_json(), "baseline": baseline.name, "candidate": candidate.name}
     store = ResultsFile(results_path, "divergence", header, resume) if results_path else None
+    seen: dict[str, int] = {}
+    tally = KeyTally()
+    engines = {"baseline": await _describe(baseline), "candidate": await _describe(candidate)}
+    if not exact:
+        await check_same_tokenizer(baseline, candidate)
     finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat]]]] = {}
     for row in store.done if store else []:
         try:
@@ -300,7 +352,9 @@ async def arun_divergence(
                     found = _exact(baseline, candidate, ids, settings.decode_tokens)
                     tokens = len(ids)
                 else:
-                    found = await _topk(baseline, candidate, prompt, settings.decode_tokens, settings.top_k)
+                    found = await _topk(
+                        baseline, candidate, prompt, settings.decode_tokens, settings.top_k, seen, tally
+                    )
                     tokens = max((st.position for st in found["prefill"]), default=0) + 1
                 finished[(n, i)] = (tokens, found)
                 if store:
@@ -317,10 +371,17 @@ async def arun_divergence(
         for phase in PHASES:
             stats[phase].extend(found[phase])
     phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
-    approximation = None if exact else APPROXIMATION.format(k=settings.top_k)
     return DivergenceReport(
-        baseline.name, candidate.name, settings, phases, approximation, time.perf_counter() - started, lengths
-    )
+        baseline.name, candidate.name, settings, phases, _approximation(exact, settings.top_k, seen),
+        time.perf_counter() - started, lengths, engines, seen, {} if exact else {"note": KEYING, **tally.to_json()},
+    )  # fmt: skip
+
+
+def _approximation(exact: bool, k: int, seen: dict[str, int]) -> str | None:
+    if exact:
+        return None
+    kb, kc = seen.get("baseline", k), seen.get("candidate", k)
+    return APPROXIMATION.format(k=kb) if kb == kc else APPROXIMATION_K.format(kb=kb, kc=kc)
 
 
 def run_divergence(

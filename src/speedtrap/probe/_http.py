@@ -26,6 +26,7 @@ from speedtrap.probe._http_parse import (
     parse_generation_logprobs,
     parse_openai_echo,
     parse_sglang_generate,
+    parse_sglang_output,
     parse_vllm_prompt_logprobs,
 )
 
@@ -35,7 +36,19 @@ Watch = Callable[[], SpeedtrapError | None]
 DEFAULT_TIMEOUT = 600.0  # seconds to wait for an answer: a long prompt on a busy server is slow
 CONTEXT_WORDS = ("context", "too long", "maximum", "exceed")
 AUTO_MODEL = frozenset({"", "default"})  # model names that mean "the first model the server lists"
-FALLBACK = frozenset({400, 404, 405, 422, 501})  # what a server without an optional endpoint answers
+# What a server without an optional endpoint answers: 404/405/501 (422: an endpoint of another shape). A 400
+# from /tokenize is a /tokenize that refused this request, never "no /tokenize here" (SGLang refuses
+# add_generation_prompt with a non-Jinja chat template: entrypoints/openai/serving_tokenize.py:100-107,
+# answered as HTTP 400 at :82-83).
+ABSENT = frozenset({404, 405, 422, 501})
+
+
+class Refused(ServerError):
+    """A 4xx answer: the server has the endpoint and refused this request (``status``, its ``message``)."""
+
+    def __init__(self, problem: str, fix: str, status: int, message: str) -> None:
+        super().__init__(problem, fix)
+        self.status, self.message = status, message
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -53,6 +66,19 @@ def _error_message(resp: httpx.Response) -> str:
             err = err.get("message", err)
         return _one_line(str(err if err is not None else body))
     return _one_line(str(body))
+
+
+def _check_kept(data: Any, sent: int | None) -> Any:
+    """``data`` unless its usage says the server kept fewer prompt tokens than were sent (silent truncation)."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    kept = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if sent is not None and isinstance(kept, int) and not isinstance(kept, bool) and 0 < kept < sent:
+        raise ProbeError(
+            f"the server kept {kept} of the prompt's {sent} tokens: it truncated the prompt silently "
+            "(SGLang --allow-auto-truncate, tokenizer_manager.py:1338-1346, cuts inputs longer than its context)",
+            "use shorter --lengths, or start the server with a larger context",
+        )
+    return data
 
 
 def plain_text(messages: Sequence[Message]) -> str:
@@ -107,6 +133,9 @@ class HttpBackend:
         self._tokenize: bool | None = None  # whether POST /tokenize takes chat messages
         self._shift: int | None = None  # the echo alignment, once detected
         self.context: int | None = None  # the server's context length, where it says
+        self._context_from_models = False  # /v1/models' max_model_len wins over /tokenize's
+        self.adapter: str | None = None  # the LoRA adapter served as ``model`` (its card names a parent)
+        self._pieces: dict[str, int | None] = {}  # text piece -> token id, from /tokenize
         self.name = f"{self.base_url}[{model or 'default'}]"
 
     # -- transport -----------------------------------------------------------------------
@@ -202,9 +231,11 @@ class HttpBackend:
             )
         if resp.status_code in {401, 403}:
             return ServerError(f"{self.base_url}{path} refused the request (HTTP {resp.status_code})", "set an API key")
-        return ServerError(
+        return Refused(
             f"{self.base_url}{path} rejected the request (HTTP {resp.status_code}): {message}",
             "check --model and that the server supports this endpoint",
+            resp.status_code,
+            message,
         )
 
     async def _post(self, path: str, payload: dict[str, Any], fallback: frozenset[int] = frozenset()) -> Any:
@@ -226,8 +257,16 @@ class HttpBackend:
         elif ids and self.model not in ids:
             raise UsageError(f"the server serves {', '.join(ids)}, not {self.model!r}", f"pass --model {ids[0]}")
         for m in models:
-            if isinstance(m, dict) and m.get("id") == self.model and isinstance(m.get("max_model_len"), int):
+            if not isinstance(m, dict) or m.get("id") != self.model:
+                continue
+            if isinstance(m.get("max_model_len"), int) and not isinstance(m["max_model_len"], bool):
+                # SGLang's card carries the server's context (http_server.py:2005, model_config.context_len);
+                # an adapter's card has max_model_len None (http_server.py:2018), so the tokenizer's stands.
                 self.context = m["max_model_len"]
+                self._context_from_models = True
+            if m.get("parent"):
+                # a LoRA adapter listed beside its base model (SGLang http_server.py:2010-2019, vLLM alike)
+                self.adapter = self.model
         self.name = f"{self.base_url}[{self.model}]"
         self._connected = True
 
@@ -235,16 +274,73 @@ class HttpBackend:
         """The server's own count from ``/tokenize`` (vLLM's shape), or None where it has none."""
         if self._tokenize is False:
             return None
-        payload = {"model": self.model, "messages": messages, "add_generation_prompt": True}
-        data = await self._post("/tokenize", payload, FALLBACK)
+        # add_generation_prompt left out: vLLM's and speedtrap serve's default is True, and SGLang renders
+        # as for a chat completion when it is absent (entrypoints/openai/protocol.py:1763-1769); sending it
+        # makes SGLang refuse a non-Jinja chat template (serving_tokenize.py:100-107).
+        payload = {"model": self.model, "messages": messages}
+        data = await self._tokenize_post(payload)
         if isinstance(data, dict) and isinstance(data.get("count", data.get("tokens")), int | list):
             self._tokenize = True
-            if isinstance(data.get("max_model_len"), int):
+            if isinstance(data.get("max_model_len"), int) and not self._context_from_models:
+                # SGLang's /tokenize reports the tokenizer's model_max_length (serving_tokenize.py:46-52),
+                # not the server's context: used only where /v1/models gives none.
                 self.context = data["max_model_len"]
             count = data.get("count")
             return count if isinstance(count, int) else len(data["tokens"])
         self._tokenize = False
         return None
+
+    async def _tokenize_post(self, payload: dict[str, Any]) -> Any:
+        """POST /tokenize: None where the server has none; a refusal (HTTP 400) is a one-line error."""
+        try:
+            return await self._post("/tokenize", payload, ABSENT)
+        except Refused as exc:
+            if exc.status != 400:
+                raise
+            raise ServerError(
+                f"{self.base_url}/tokenize refused the request (HTTP 400): {exc.message}",
+                "serve the model with a Jinja chat template (SGLang: --chat-template FILE.jinja) so /tokenize "
+                "renders chats, or probe with --api openai and text prompts",
+            ) from None
+
+    async def piece_ids(self, pieces: Sequence[str]) -> dict[str, int | None]:
+        """Token ids of text pieces (as a server names tokens without ``return_tokens_as_token_ids``), by the
+        server's own ``/tokenize``: a piece that is not exactly one token, or a server without ``/tokenize``,
+        maps to None. Cached per backend."""
+        await self.connect()
+        todo = [p for p in dict.fromkeys(pieces) if p not in self._pieces]
+
+        async def one(piece: str) -> int | None:
+            data = await self._tokenize_post({"model": self.model, "prompt": piece, "add_special_tokens": False})
+            if data is None:
+                self._tokenize = False
+            tokens = data.get("tokens") if isinstance(data, dict) else None
+            ok = isinstance(tokens, list) and len(tokens) == 1 and isinstance(tokens[0], int)
+            return int(tokens[0]) if ok and tokens is not None else None
+
+        if todo and self._tokenize is None:  # one request first: a server without /tokenize answers it once
+            self._pieces[todo[0]] = await one(todo.pop(0))
+        if self._tokenize is False:
+            return {p: self._pieces.get(p) for p in pieces}
+        for piece, tid in zip(todo, await asyncio.gather(*(one(p) for p in todo)), strict=True):
+            self._pieces[piece] = tid
+        return {p: self._pieces[p] for p in pieces}
+
+    async def describe(self) -> str:
+        """Which engine and version answers here: vLLM's ``/version``, SGLang's ``/server_info``
+        (http_server.py:863-890: ``version``, ``frontend``), speedtrap serve's ``/version``."""
+        await self.connect()
+        info = await self.request("GET", "/version", None, ABSENT | {400})
+        if isinstance(info, dict) and isinstance(info.get("version"), str):
+            engine = str(info.get("engine", "vLLM"))
+            dialect = f", {info['dialect']} dialect" if info.get("dialect") else ""
+            return f"{engine} {info['version']}{dialect}"
+        info = await self.request("GET", "/server_info", None, ABSENT | {400})
+        if isinstance(info, dict) and isinstance(info.get("version"), str):
+            engine = str(info.get("engine", "SGLang"))
+            dialect = f", {info['dialect']} dialect" if info.get("dialect") else ""
+            return f"{engine} {info['version']} ({info.get('frontend', '?')} frontend{dialect})"
+        return "an OpenAI-compatible server that does not say its engine"
 
     async def count_tokens(self, messages: list[Message]) -> int:
         await self.connect()
@@ -290,7 +386,7 @@ class HttpBackend:
         await self.connect()
         if self._tokenize is not False:
             payload = {"model": self.model, "messages": messages, "add_generation_prompt": False}
-            data = await self._post("/tokenize", payload, FALLBACK)
+            data = await self._tokenize_post(payload)
             if isinstance(data, dict) and isinstance(data.get("tokens"), list):
                 self._tokenize = True
                 return [int(t) for t in data["tokens"]]
@@ -310,6 +406,8 @@ class HttpBackend:
                 "logprob_start_len": 0,
                 "top_logprobs_num": top_k,
             }
+            if self.adapter:  # /generate names no model: the adapter goes as lora_path (io_struct.py:277)
+                payload["lora_path"] = self.adapter
             return parse_sglang_generate(await self._post("/generate", payload), ids)
         payload = {
             "model": self.model,
@@ -322,16 +420,30 @@ class HttpBackend:
             if ids is None:
                 raise UsageError("vLLM prompt_logprobs need token ids", "use a server with /tokenize")
             payload["prompt_logprobs"] = top_k
-            return parse_vllm_prompt_logprobs(await self._post("/v1/completions", payload), ids)
+            data = _check_kept(await self._post("/v1/completions", payload), len(ids))
+            return parse_vllm_prompt_logprobs(data, ids)
         payload.update(echo=True, logprobs=top_k)
-        result = parse_openai_echo(
-            await self._post("/v1/completions", payload), None if ids is None else len(ids), self._shift
-        )
+        n = None if ids is None else len(ids)
+        result = parse_openai_echo(_check_kept(await self._post("/v1/completions", payload), n), n, self._shift)
         self._shift = result.shift
         return result
 
     async def decode_logprobs(self, prompt: Prompt, max_tokens: int, top_k: int) -> list[TokenDist]:
         await self.connect()
+        if self.api == "sglang" and not isinstance(prompt, str):
+            # SGLang's /v1/completions has no return_tokens_as_token_ids (its CompletionRequest,
+            # entrypoints/openai/protocol.py:365-441, ignores unknown fields) and names tokens by text
+            # (serving_completions.py:122 return_text_in_logprobs=True); /generate names them by id.
+            ids = [int(t) for t in prompt]
+            body: dict[str, Any] = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
+                "return_logprob": True,
+                "top_logprobs_num": top_k,
+            }
+            if self.adapter:
+                body["lora_path"] = self.adapter
+            return parse_sglang_output(await self._post("/generate", body), len(ids))
         payload = {
             "model": self.model,
             "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
@@ -340,7 +452,8 @@ class HttpBackend:
             "logprobs": top_k,
             "return_tokens_as_token_ids": True,
         }
-        return parse_generation_logprobs(await self._post("/v1/completions", payload))
+        sent = None if isinstance(prompt, str) else len(prompt)
+        return parse_generation_logprobs(_check_kept(await self._post("/v1/completions", payload), sent))
 
     async def aclose(self) -> None:
         """Close every client of this loop's pool, idle or leased: requests still under way fail (and open

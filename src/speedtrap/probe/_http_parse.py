@@ -20,6 +20,8 @@ from typing import Any
 from speedtrap._errors import ProbeError, ServerError
 from speedtrap.probe._backend import ChatAnswer, PromptLogprobs, TokenDist
 
+# SGLang 0.5.23 sources cited below are paths under sglang/srt/ in the PyPI wheel sglang==0.5.23.
+SGLANG = "sglang 0.5.23"
 MIN_ALIGNMENT_POSITIONS = 8
 ALIGNMENT_MARGIN = 1.0  # nats per position between the best and the other reading
 MISSING_PENALTY = 2.0  # a token outside the top-k counts as this far below the k-th logprob
@@ -43,6 +45,16 @@ def _num(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value == math.inf:
         raise ServerError(f"server answer has a non-numeric {what}: {str(value)[:40]!r}", "check the server")
     return float(value)
+
+
+def _logprob(value: Any, what: str) -> float:
+    """A logprob, with ``null`` read as -inf (probability 0), the same on every path.
+
+    SGLang serializes its answers with orjson (utils/json_response.py:15-17, ``orjson.dumps``), which
+    writes a non-finite float as ``null``; a log-softmax's non-finite value is -inf (a masked token).
+    A literal ``-Infinity`` is read the same way; NaN and +inf are refused.
+    """
+    return -math.inf if value is None else _num(value, what)
 
 
 def _count(value: Any, what: str) -> int:
@@ -72,7 +84,7 @@ def _top_dict(entry: Any, what: str) -> dict[str, float] | None:
         return None
     if not isinstance(entry, dict):
         raise ServerError(f"server answer's {what} is not a token -> logprob object", "check the server")
-    return {str(k): _num(v, what) for k, v in entry.items()}
+    return {str(k): _logprob(v, what) for k, v in entry.items()}
 
 
 def _score(tokens: Sequence[str], tops: Sequence[dict[str, float] | None], shift: int) -> tuple[float, int]:
@@ -129,8 +141,8 @@ def parse_openai_echo(data: Any, prompt_tokens: int | None = None, shift: int | 
         if top is None:
             positions.append(None)
             continue
-        own = token_lps[j] if s == 0 else top.get(names[j])
-        positions.append(TokenDist(names[j], None if own is None else _num(own, "token_logprobs entry"), top))
+        own = _logprob(token_lps[j], "token_logprobs entry") if s == 0 else top.get(names[j])
+        positions.append(TokenDist(names[j], own, top))
     return PromptLogprobs(names[:n], positions, s, "openai-echo")
 
 
@@ -144,29 +156,90 @@ def parse_vllm_prompt_logprobs(data: Any, ids: Sequence[int]) -> PromptLogprobs:
         entry = raw[j]
         if not isinstance(entry, dict):
             raise ServerError(f"server answer's prompt_logprobs[{j}] is not an object", "check the server (vLLM)")
-        top = {f"token_id:{_count(k, 'token id')}": _num(_get(v, "logprob"), "logprob") for k, v in entry.items()}
+        top = {f"token_id:{_count(k, 'token id')}": _logprob(_get(v, "logprob"), "logprob") for k, v in entry.items()}
         name = f"token_id:{ids[j]}"
         positions.append(TokenDist(name, top.get(name), top))
     return PromptLogprobs([f"token_id:{t}" for t in ids], positions, 0, "vllm-prompt_logprobs")
 
 
+def _sglang_truncated(data: Any, ids: Sequence[int], got: int) -> ProbeError:
+    kept = data.get("meta_info", {}).get("prompt_tokens") if isinstance(data, dict) else None
+    kept = kept if isinstance(kept, int) and not isinstance(kept, bool) else got
+    # tokenizer_manager.py:1338-1346: with --allow-auto-truncate an input of context_len tokens or more
+    # is cut to its first context_len tokens with only a log line (and max_new_tokens cut to what is left).
+    return ProbeError(
+        f"the server kept {kept} of the prompt's {len(ids)} tokens: it truncated the prompt silently "
+        "(SGLang --allow-auto-truncate cuts inputs longer than its context)",
+        "use shorter --lengths, or start the server with a larger --context-length",
+    )
+
+
+def _sglang_id(reported: Any, expected: int, j: int) -> None:
+    """Check that SGLang names the prompt's token at position j, allowing its one known substitution."""
+    got = _count(reported, "token id")
+    if got == expected:
+        return
+    if got == 0:
+        # scheduler_components/logprob_result_processor.py:52-56 reports every prompt id at or above
+        # vocab_size - 1 as 0 ("clip padded hash values from image tokens"); the logprob itself is
+        # computed on the id clamped to vocab_size - 1 (schedule_batch.py:3054).
+        raise ProbeError(
+            f"SGLang reports the prompt's token {expected} at position {j} as token 0: it replaces prompt ids at "
+            "or above the model's vocab_size - 1 by 0, so this id is the vocabulary's last one or outside it "
+            "(a tokenizer larger than the model's embedding)",
+            "probe prompts without that token, or serve a model whose vocab_size covers the tokenizer",
+        )
+    raise ProbeError(
+        f"SGLang input_token_logprobs[{j}] names another token ({got}) than the prompt's {expected}", "check it"
+    )
+
+
 def parse_sglang_generate(data: Any, ids: Sequence[int]) -> PromptLogprobs:
     """SGLang ``/generate`` with ``return_logprob``: ``meta_info.input_token_logprobs`` (``[logprob, id, text]``)
-    and ``input_top_logprobs`` (a list of those per position, None at position 0)."""
+    and ``input_top_logprobs`` (a list of those per position, None at position 0).
+
+    The triple order is tokenizer_manager.py:3104-3116 (``(logprob, token_id, text)``, text None unless
+    asked); the None at position 0 is logprob_result_processor.py:38 (``[None] + values[:-1]``).
+    """
     own = _get(data, "meta_info", "input_token_logprobs")
     tops = _get(data, "meta_info", "input_top_logprobs")
-    if not isinstance(own, list) or not isinstance(tops, list) or len(own) != len(ids) or len(tops) != len(ids):
+    if not isinstance(own, list) or not isinstance(tops, list):
+        raise ServerError("server answer's input logprobs are not lists", "check the server (SGLang)")
+    if len(own) < len(ids) and len(own) == len(tops):
+        raise _sglang_truncated(data, ids, len(own))
+    if len(own) != len(ids) or len(tops) != len(ids):
         raise ServerError("server answer's input logprobs do not match the prompt", "check the server (SGLang)")
     positions: list[TokenDist | None] = [None]
     for j in range(1, len(ids)):
         if not isinstance(tops[j], list):
             raise ServerError(f"server answer's input_top_logprobs[{j}] is not a list", "check the server (SGLang)")
-        top = {f"token_id:{_count(_get(e, 1), 'token id')}": _num(_get(e, 0), "input top logprob") for e in tops[j]}
-        if _count(_get(own[j], 1), "token id") != ids[j]:
-            raise ProbeError(f"SGLang input_token_logprobs[{j}] names another token than the prompt's", "check it")
-        value = _get(own[j], 0)
-        positions.append(TokenDist(f"token_id:{ids[j]}", None if value is None else _num(value, "logprob"), top))
+        top = {f"token_id:{_count(_get(e, 1), 'token id')}": _logprob(_get(e, 0), "input top logprob") for e in tops[j]}
+        _sglang_id(_get(own[j], 1), ids[j], j)
+        value = _logprob(_get(own[j], 0), "logprob")
+        positions.append(TokenDist(f"token_id:{ids[j]}", value, top))
     return PromptLogprobs([f"token_id:{t}" for t in ids], positions, 0, "sglang-generate")
+
+
+def parse_sglang_output(data: Any, prompt_tokens: int) -> list[TokenDist]:
+    """SGLang ``/generate``'s generated tokens: ``output_token_logprobs`` and ``output_top_logprobs``, by id."""
+    meta = _get(data, "meta_info")
+    kept = meta.get("prompt_tokens") if isinstance(meta, dict) else None
+    if isinstance(kept, int) and not isinstance(kept, bool) and kept < prompt_tokens:
+        raise _sglang_truncated(data, range(prompt_tokens), kept)
+    own, tops = _get(meta, "output_token_logprobs"), _get(meta, "output_top_logprobs")
+    if not isinstance(own, list) or not isinstance(tops, list) or len(own) != len(tops):
+        raise ServerError("server answer's output logprobs do not match", "check the server (SGLang)")
+    steps = []
+    for entry, top_raw in zip(own, tops, strict=True):
+        if not isinstance(top_raw, list):
+            raise ServerError("server answer's output_top_logprobs entry is not a list", "check the server (SGLang)")
+        top = {
+            f"token_id:{_count(_get(e, 1), 'token id')}": _logprob(_get(e, 0), "output top logprob") for e in top_raw
+        }
+        token = f"token_id:{_count(_get(entry, 1), 'token id')}"
+        steps.append(TokenDist(token, _logprob(_get(entry, 0), "output logprob"), top))
+    _check_greedy(steps)
+    return steps
 
 
 def parse_generation_logprobs(data: Any) -> list[TokenDist]:
@@ -180,7 +253,12 @@ def parse_generation_logprobs(data: Any) -> list[TokenDist]:
     steps = []
     for token, own, top_raw in zip(tokens, token_lps, tops_raw, strict=True):
         top = _top_dict(top_raw, "top_logprobs entry") or {}
-        steps.append(TokenDist(str(token), None if own is None else _num(own, "token_logprobs entry"), top))
+        steps.append(TokenDist(str(token), _logprob(own, "token_logprobs entry"), top))
+    _check_greedy(steps)
+    return steps
+
+
+def _check_greedy(steps: Sequence[TokenDist]) -> None:
     misaligned = [
         i for i, s in enumerate(steps) if s.top and s.top.get(s.token, -math.inf) < max(s.top.values()) - 1e-4
     ]
@@ -190,4 +268,3 @@ def parse_generation_logprobs(data: Any) -> list[TokenDist]:
             "(shifted or sampled logprobs)",
             "check that the server decodes greedily (temperature 0) and aligns logprobs",
         )
-    return steps

@@ -85,6 +85,20 @@ class InProcessBackend:
         gen = self.engine.generate(ids, len(ids) - 1, max_tokens, (), self.patches, top_k=top_k)
         return [_dist(s) for s in gen.steps]
 
+    async def piece_ids(self, pieces: Sequence[str]) -> dict[str, int | None]:
+        """Token ids of text pieces with this model's tokenizer (None: not exactly one token)."""
+        out: dict[str, int | None] = {}
+        for piece in pieces:
+            ids = self.model.tokenizer.encode(piece, add_special_tokens=False)
+            out[piece] = int(ids[0]) if len(ids) == 1 else None
+        return out
+
+    async def describe(self) -> str:
+        import torch
+        import transformers
+
+        return f"in-process {self.model.name} (torch {torch.__version__}, transformers {transformers.__version__})"
+
     # Exact, full-vocabulary distributions (the in-process divergence probe uses these directly).
 
     # A baseline compared with several candidates computes each sequence once: the last few results

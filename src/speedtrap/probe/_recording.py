@@ -17,10 +17,12 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.probe._backend import Backend
 from speedtrap.probe._divergence import DivergenceSettings
-from speedtrap.probe._http import FALLBACK, HttpBackend
+from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallSample, RecallSettings
 from speedtrap.probe._recording_format import RecordingError, SequenceRecord, parse_recording
+
+NO_ENDPOINT = frozenset({400, 404, 405, 422, 501})  # what a server without an optional endpoint answers
 
 FINGERPRINT_TEXT = (
     "speedtrap tokenizer fingerprint: The quick brown fox jumps over the lazy dog; 0123456789, "
@@ -100,7 +102,7 @@ async def backend_identity(backend: Backend, weights: bool = True) -> Identity:
     api = None
     if isinstance(backend, HttpBackend):
         api = backend.api
-        data = await backend.request("GET", "/version", None, FALLBACK)
+        data = await backend.request("GET", "/version", None, NO_ENDPOINT)
         if isinstance(data, dict) and isinstance(data.get("version"), str):
             version = data["version"]
     model_name = str(getattr(backend, "model", "") or backend.name)

@@ -5,6 +5,9 @@ Endpoints: ``/health``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completi
 messages) and SGLang's ``/generate`` (``return_logprob``, ``logprob_start_len``,
 ``top_logprobs_num``). Decoding is greedy. Chat requests go through the same engine as the
 in-process backend, with its prefix cache, so a probe over HTTP gets the in-process answers.
+
+``dialect="sglang"`` answers as SGLang 0.5.23 does where speedtrap's client reads it (see
+:mod:`speedtrap.serve._sglang`): flags it lacks are dropped, errors have its shapes.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from speedtrap._errors import ProbeError
 from speedtrap.probe import Engine, Generation, StepLogprobs, top_logprobs
+from speedtrap.serve import _sglang
 from speedtrap.serve._schemas import (
     ChatRequest,
     CompletionRequest,
@@ -32,6 +37,8 @@ from speedtrap.serve._schemas import (
 from speedtrap.targets import InProcessModel
 
 T = TypeVar("T")
+Dialect = Literal["vllm", "sglang"]
+VERSION = "0.1.0"  # speedtrap's, reported by /version and /server_info
 
 
 class ApiError(Exception):
@@ -40,16 +47,51 @@ class ApiError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_cache: int = 8) -> FastAPI:
+def create_app(
+    model: InProcessModel,
+    *,
+    model_name: str | None = None,
+    prefix_cache: int = 8,
+    dialect: Dialect = "vllm",
+    context: int | None = None,
+    allow_auto_truncate: bool = False,
+) -> FastAPI:
     """A FastAPI app serving ``model`` with the patches now applied to it."""
     engine = Engine(model, prefix_cache_entries=prefix_cache)
+    if context is not None:
+        engine.context = context
     name = model_name or model.name
     tokenizer = model.tokenizer
+    sglang = dialect == "sglang"
+    vocab_size = int(model.config.get("vocab_size", len(tokenizer)))
     app = FastAPI(title="speedtrap serve", docs_url=None, redoc_url=None)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, code=exc.code), status_code=exc.status)
+        if not sglang:
+            return JSONResponse(error_body(exc.message, code=exc.code), status_code=exc.status)
+        if request.url.path == "/generate":
+            return JSONResponse(_sglang.generate_error_body(exc.message), status_code=exc.status)
+        return JSONResponse(_sglang.error_body(exc.message, exc.status), status_code=exc.status)
+
+    if sglang:
+
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+            return JSONResponse(_sglang.error_body(f"{exc} {exc.errors()}"[:2000], 400, "Bad Request"), 400)
+
+        @app.get("/server_info")
+        async def server_info() -> dict[str, Any]:
+            return _sglang.server_info(VERSION)
+
+    else:
+
+        @app.get("/version")
+        async def version() -> dict[str, Any]:
+            return {"version": VERSION, "engine": "speedtrap serve", "dialect": "vllm"}
+
+    def fit(ids: list[int], max_new: int) -> tuple[list[int], int]:
+        return _sglang.truncate(ids, max_new, engine.context) if sglang and allow_auto_truncate else (ids, max_new)
 
     async def run(fn: Callable[[], T]) -> T:
         try:
@@ -79,7 +121,7 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": name, "object": "model", "owned_by": "speedtrap", "max_model_len": engine.context}
+        card = {"id": name, "object": "model", "owned_by": "speedtrap", "root": name, "max_model_len": engine.context}
         return {"object": "list", "data": [card]}
 
     @app.post("/tokenize")
@@ -91,7 +133,8 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
             ids = tokenizer.encode(req.prompt, add_special_tokens=False)
         else:
             raise ApiError(400, "give a prompt or messages")
-        return {"count": len(ids), "max_model_len": engine.context, "tokens": [int(t) for t in ids]}
+        limit = _sglang.tokenize_max_len(tokenizer, engine.context) if sglang else engine.context
+        return {"count": len(ids), "max_model_len": limit, "tokens": [int(t) for t in ids]}
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest) -> dict[str, Any]:
@@ -141,9 +184,11 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
         ids = prompt_ids(req.prompt)
         if not ids:
             raise ApiError(400, "the prompt is empty")
+        if sglang:  # fields SGLang's CompletionRequest lacks are dropped (protocol.py:365-441)
+            req = req.model_copy(update={"return_tokens_as_token_ids": False, "prompt_logprobs": None})
         k_prompt = max(req.logprobs or 0, req.prompt_logprobs or 0)
         want_prompt = (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16
+        ids, max_tokens = fit(ids, req.max_tokens if req.max_tokens is not None else 16)
 
         def work() -> tuple[list[StepLogprobs], Generation | None]:
             engine.check_fits(len(ids), max_tokens)
@@ -191,12 +236,13 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
             raise ApiError(400, "the prompt is empty")
         params = req.sampling_params
         k = req.top_logprobs_num
-        start = max(0, req.logprob_start_len)
+        ids, n = fit(ids, params.max_new_tokens)
+        # -1: no input logprobs beyond the last position (SGLang: io_struct.py:567-568 default, schedule_batch)
+        start = req.logprob_start_len if req.logprob_start_len >= 0 else len(ids)
 
         def work() -> tuple[list[StepLogprobs], Generation | None]:
-            engine.check_fits(len(ids), params.max_new_tokens)
-            scores = scored(ids, k) if req.return_logprob else []
-            n = params.max_new_tokens
+            engine.check_fits(len(ids), n)
+            scores = scored(ids, k) if req.return_logprob and start < len(ids) else []
             return scores, engine.generate(ids, 0, n, stops(params.stop), top_k=max(k, 1)) if n else None
 
         scores, gen = await run(work)
@@ -206,14 +252,16 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
             "finish_reason": {"type": gen.finish_reason if gen else "length"},
         }
         if req.return_logprob:
-            own = [[None, ids[0], None]] + [[s.logprob, s.token, None] for s in scores]
+            shown = (lambda t: _sglang.reported_id(t, vocab_size)) if sglang else int
+            own = [[None, shown(ids[0]), None]] + [[s.logprob, shown(s.token), None] for s in scores]
             tops: list[Any] = [None] + [[[lp, t, None] for t, lp in s.top[:k]] if k else None for s in scores]
             out = gen.steps[: len(gen.token_ids)] if gen else []
-            meta["input_token_logprobs"] = own[start:]
-            meta["input_top_logprobs"] = tops[start:]
+            meta["input_token_logprobs"] = own[start:] if scores else []
+            meta["input_top_logprobs"] = tops[start:] if scores else []
             meta["output_token_logprobs"] = [[s.logprob, s.token, None] for s in out]
             meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in s.top[:k]] for s in out] if k else []
-        return {"text": gen.text if gen else "", "output_ids": gen.token_ids if gen else [], "meta_info": meta}
+        answer = {"text": gen.text if gen else "", "output_ids": gen.token_ids if gen else [], "meta_info": meta}
+        return _sglang.nulls(answer) if sglang else answer
 
     return app
 

@@ -40,9 +40,20 @@ def serve(
     model_name: str | None = None,
     prefix_cache: int = 8,
     threads: int | None = None,
+    *,
+    dialect: str = "vllm",
+    context: int | None = None,
+    allow_auto_truncate: bool = False,
 ) -> None:
     """Load, print the patches that are on (one line on stderr), and serve until interrupted."""
     import uvicorn
+
+    if dialect not in {"vllm", "sglang"}:
+        raise UsageError(f"unknown --dialect {dialect!r}", "choose vllm or sglang")
+    if allow_auto_truncate and dialect != "sglang":
+        raise UsageError("--allow-auto-truncate is SGLang's flag", "add --dialect sglang")
+    if context is not None and context < 16:
+        raise UsageError(f"--context-length {context} is too small", "pass 16 or more")
 
     if threads is not None:
         import torch
@@ -51,7 +62,14 @@ def serve(
     model = load_for_serving(target, overrides)
     from speedtrap.serve._app import create_app
 
-    app = create_app(model, model_name=model_name, prefix_cache=prefix_cache)
+    app = create_app(
+        model,
+        model_name=model_name,
+        prefix_cache=prefix_cache,
+        dialect="sglang" if dialect == "sglang" else "vllm",
+        context=context,
+        allow_auto_truncate=allow_auto_truncate,
+    )
     print(f"speedtrap serve: patches on: {', '.join(model.active) or 'none'}", file=sys.stderr, flush=True)
     print(f"speedtrap serve: {model_name or model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

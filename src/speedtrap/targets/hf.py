@@ -100,7 +100,15 @@ class HFCausalLM(nn.Module):
     def new_cache(self) -> Any:
         from transformers import DynamicCache
 
-        return DynamicCache(config=cast(Any, self.hf).config)
+        class Cache(DynamicCache):  # type: ignore[misc]
+            """A DynamicCache with the ``copy()`` the engine's prefix cache takes of each entry."""
+
+            def copy(self) -> Any:
+                import copy
+
+                return copy.deepcopy(self)
+
+        return Cache(config=cast(Any, self.hf).config)
 
     def patch_root(self) -> nn.Module:
         """What a user patch receives: the transformers model itself."""
