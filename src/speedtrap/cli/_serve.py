@@ -22,8 +22,16 @@ def serve_cmd(
     name: Annotated[str | None, typer.Option("--name", help="The model name to serve (default: the target's).")] = None,
     prefix_cache: Annotated[int, typer.Option("--prefix-cache", help="Conversation prefixes kept cached.")] = 8,
     threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads (default: torch's).")] = None,
+    stale_prompt_cache: Annotated[
+        bool,
+        typer.Option(
+            "--stale-prompt-cache",
+            help="A constructed bug: a repeated prompt's logprobs come from stale KV "
+            "(also SPEEDTRAP_SERVE_STALE_PROMPT_CACHE=1).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a target over HTTP; patches are switched on by their env vars (and --set config keys) at launch."""
     from speedtrap.serve import parse_overrides, serve
 
-    serve(target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads)
+    serve(target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads, stale_prompt_cache)

@@ -29,6 +29,7 @@ from speedtrap.serve._schemas import (
     messages_json,
     stops,
 )
+from speedtrap.serve._stale import StalePromptCache
 from speedtrap.targets._base import InProcessModel
 
 T = TypeVar("T")
@@ -40,9 +41,16 @@ class ApiError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_cache: int = 8) -> FastAPI:
-    """A FastAPI app serving ``model`` with the patches now applied to it."""
+def create_app(
+    model: InProcessModel, *, model_name: str | None = None, prefix_cache: int = 8, stale_prompt_cache: bool = False
+) -> FastAPI:
+    """A FastAPI app serving ``model`` with the patches now applied to it.
+
+    ``stale_prompt_cache`` switches on a constructed bug (see serve/_stale.py): a repeated prompt's
+    logprobs are computed on stale KV.
+    """
     engine = Engine(model, prefix_cache_entries=prefix_cache)
+    stale = StalePromptCache(engine) if stale_prompt_cache else None
     name = model_name or model.name
     tokenizer = model.tokenizer
     app = FastAPI(title="speedtrap serve", docs_url=None, redoc_url=None)
@@ -131,7 +139,7 @@ def create_app(model: InProcessModel, *, model_name: str | None = None, prefix_c
         raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids")
 
     def scored(ids: list[int], k: int) -> list[StepLogprobs]:
-        logits = engine.prompt_logits(ids)
+        logits = stale.prompt_logits(ids) if stale is not None else engine.prompt_logits(ids)
         return top_logprobs(logits[:-1], ids[1:], max(k, 1))
 
     @app.post("/v1/completions")

@@ -47,8 +47,15 @@ def serve(
     model_name: str | None = None,
     prefix_cache: int = 8,
     threads: int | None = None,
+    stale_prompt_cache: bool = False,
 ) -> None:
-    """Load, print the patches that are on (one line on stderr), and serve until interrupted."""
+    """Load, print the patches that are on (one line on stderr), and serve until interrupted.
+
+    The constructed stale-prompt-cache bug is on with ``stale_prompt_cache`` or its env var.
+    """
+    from speedtrap.serve._stale import ENV, stale_cache_on
+
+    stale = stale_prompt_cache or stale_cache_on(os.environ)
     import uvicorn
 
     if threads is not None:
@@ -58,7 +65,9 @@ def serve(
     model = load_for_serving(target, overrides)
     from speedtrap.serve._app import create_app
 
-    app = create_app(model, model_name=model_name, prefix_cache=prefix_cache)
+    app = create_app(model, model_name=model_name, prefix_cache=prefix_cache, stale_prompt_cache=stale)
     print(f"speedtrap serve: patches on: {', '.join(model.active) or 'none'}", file=sys.stderr, flush=True)
+    if stale:
+        print(f"speedtrap serve: stale prompt cache on ({ENV}): a constructed bug", file=sys.stderr, flush=True)
     print(f"speedtrap serve: {model_name or model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
