@@ -5,6 +5,7 @@
 
 For n patches and k culprits (1..3), over random placements:
 - monotone: k patches each break the stack alone;
+- joint: one pair of patches that fail only together (k counts the pair as one set);
 - interaction: one culprit plus a pair that is only correct together (a adds the factor in the router,
   b drops it from the combine: each alone breaks the stack, together they are right);
 - noisy: k culprits, and every measurement carries Gaussian noise (sigma 0.3 around 0 = pass and
@@ -66,6 +67,9 @@ class World:
 
 def make_world(n: int, k: int, case: str, rng: random.Random, seed: int) -> World:
     names = [f"p{i:02d}" for i in range(n)]
+    if case == "joint":
+        a, b = rng.sample(names, 2)
+        return World(names, lambda s: a in s and b in s, frozenset({frozenset({a, b})}), False, seed)
     if case == "interaction":
         c, a, b = rng.sample(names, 3)
         return World(names, lambda s: c in s or ((a in s) != (b in s)), frozenset({frozenset({c})}), False, seed)
@@ -210,7 +214,9 @@ def freeze(path: Path) -> None:
 
 # -- the table --------------------------------------------------------------------------------
 
-CASES = (("monotone", 1), ("monotone", 2), ("monotone", 3), ("interaction", 1), ("noisy", 1), ("noisy", 2))
+CASES = (
+    ("monotone", 1), ("monotone", 2), ("monotone", 3), ("joint", 1), ("interaction", 1), ("noisy", 1), ("noisy", 2),
+)  # fmt: skip
 
 
 def main() -> None:
