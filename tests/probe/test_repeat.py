@@ -158,3 +158,14 @@ def test_any_json_is_a_floor_or_a_usage_error(tmp_path_factory: pytest.TempPathF
     path.write_text(json.dumps(value))
     with suppress(UsageError):
         assert isinstance(load_floor(path), NoiseFloor)
+
+
+def test_cli_bad_floor_files_and_settings_are_one_line_errors(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from speedtrap.cli import app
+
+    missing = CliRunner().invoke(app, ["probe", "divergence", "--floor", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "no noise floor file" in missing.stderr and "Traceback" not in missing.stderr
+    short = CliRunner().invoke(app, ["probe", "repeat", "--lengths", "16"])
+    assert short.exit_code == 2 and "lengths must be at least 64 tokens" in short.stderr

@@ -196,6 +196,7 @@ def divergence_cmd(
     from speedtrap.patching import parse_patch_list
     from speedtrap.probe import DivergenceSettings, InProcessBackend, load_floor, run_divergence
 
+    noise = load_floor(floor) if floor is not None else None  # a bad file fails before any probing
     settings = DivergenceSettings.quick() if quick else DivergenceSettings()
     changes: dict[str, Any] = {}
     if lengths:
@@ -229,7 +230,6 @@ def divergence_cmd(
         report = run_divergence(base, cand, settings, results_path=results, resume=resume, progress=True)
     finally:
         asyncio.run(_close(base, cand))
-    noise = load_floor(floor) if floor is not None else None
     verdict = _verdict(report, noise, margin, bound) if noise is not None or bound is not None else None
     if json:
         emit_json({**report.to_json(), **({"verdict": verdict} if verdict else {})})
