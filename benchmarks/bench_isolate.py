@@ -1,29 +1,50 @@
 """Launches needed to isolate culprit patches, on simulated stacks (no model): isolate vs the usual ways.
 
-    .venv/bin/python benchmarks/bench_isolate.py [--trials 40] [--seed 0]
+    .venv/bin/python benchmarks/bench_isolate.py [--trials 40] [--seed 0] [--sizes 4,8,16,32,64]
+    .venv/bin/python benchmarks/bench_isolate.py --freeze tests/isolate/data/search_v1_counts.json
 
-For n patches in {8, 16, 32, 64} and k culprits in {1, 2}, over random placements:
+For n patches and k culprits (1..3), over random placements:
 - monotone: k patches each break the stack alone;
+- joint: one pair of patches that fail only together (k counts the pair as one set);
 - interaction: one culprit plus a pair that is only correct together (a adds the factor in the router,
   b drops it from the combine: each alone breaks the stack, together they are right);
-- noisy: one culprit, and every measurement carries Gaussian noise (sigma 0.3 around 0 = pass and
+- noisy: k culprits, and every measurement carries Gaussian noise (sigma 0.3 around 0 = pass and
   1 = fail, bound 0.5): isolate repeats verdicts within 0.3..0.7 up to 4 times, the others take
   one measurement as it comes.
 Counted: launches (every distinct configuration measured, baseline and full set included; each
 repeat is one more launch) and whether the answer was right (the exact culprit sets, nobody
-else blamed). The goal line for monotone cases is k * ceil(log2 n) + 2.
+else blamed).
+
+Methods, side by side in one run:
+- naive: the one-at-a-time plan made exact: baseline, full set, every patch alone, then the
+  checks the found sets need (everything but them; with two or more, each set among the rest and
+  each pair among the rest). It blames every patch that fails alone;
+- ddmin: baseline and full set, then Zeller and Hildebrandt's ddmin (one 1-minimal set);
+- v1: the search before issue 17 (a frozen copy in benchmarks/_search_v1.py);
+- isolate: the current search (``Search``, plan picked from n).
+
+``--freeze PATH`` writes v1's launches on the monotone worlds of the grid the tests use (every
+placement where there are few, else a seeded sample), for tests/isolate/test_isolate_plan.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import math
 import random
 import statistics
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from speedtrap.isolate import Evaluator, FunctionOracle, Search, ThresholdRule, TrialStore
+from speedtrap.isolate import Evaluator, FunctionOracle, Judgement, Search, ThresholdRule, TrialStore, Verdict
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _search_v1 import SearchV1
 
 Broken = Callable[[frozenset[str]], bool]
 SIGMA = 0.3
@@ -46,6 +67,9 @@ class World:
 
 def make_world(n: int, k: int, case: str, rng: random.Random, seed: int) -> World:
     names = [f"p{i:02d}" for i in range(n)]
+    if case == "joint":
+        a, b = rng.sample(names, 2)
+        return World(names, lambda s: a in s and b in s, frozenset({frozenset({a, b})}), False, seed)
     if case == "interaction":
         c, a, b = rng.sample(names, 3)
         return World(names, lambda s: c in s or ((a in s) != (b in s)), frozenset({frozenset({c})}), False, seed)
@@ -54,10 +78,10 @@ def make_world(n: int, k: int, case: str, rng: random.Random, seed: int) -> Worl
     return World(names, lambda s: any(x in s for x in bad), sets, case == "noisy", seed)
 
 
-# -- isolate ----------------------------------------------------------------------------------
+# -- isolate, now and before ------------------------------------------------------------------
 
 
-def run_isolate(world: World) -> tuple[int, bool]:
+def run_isolate(world: World, search: Callable[..., Any] = Search) -> tuple[int, bool]:
     store = TrialStore(None)
     run_id, _ = store.begin_run({}, {}, False)
 
@@ -67,10 +91,24 @@ def run_isolate(world: World) -> tuple[int, bool]:
     near = 0.4 if world.noisy else 0.0
     evaluator = Evaluator(FunctionOracle(fn, {}), ThresholdRule("metric", 0.5, "above", near), store, run_id,
                           repeats=4 if world.noisy else 0)  # fmt: skip
-    result = Search(world.names, evaluator, recheck=evaluator.recheck if world.noisy else None).run()
+    result = search(world.names, evaluator, recheck=evaluator.recheck if world.noisy else None).run()
     store.close()
     found = frozenset(frozenset(c.patches) for c in result.culprits)
     return evaluator.launches, found == world.culprits
+
+
+def count_monotone(search: Callable[..., Any], names: Sequence[str], bad: Sequence[str]) -> int:
+    """Distinct configurations a search measures on a noiseless stack where each of ``bad`` breaks it alone."""
+    seen: set[tuple[str, ...]] = set()
+
+    def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
+        seen.update(configs)
+        return [Judgement(c, Verdict.FAIL if any(b in c for b in bad) else Verdict.PASS) for c in configs]
+
+    result = search(list(names), judge).run()
+    if {c.patches for c in result.culprits} != {(b,) for b in bad}:
+        raise AssertionError(f"wrong answer for {bad}: {result.culprit_names}")
+    return len(seen)
 
 
 # -- the usual ways ---------------------------------------------------------------------------
@@ -89,12 +127,27 @@ class Counter:
         return self.seen[config]
 
 
-def run_one_at_a_time(world: World) -> tuple[int, bool]:
-    """Baseline, then each patch alone; blame every patch that fails alone."""
+def run_naive(world: World) -> tuple[int, bool]:
+    """Baseline, full set, each patch alone; then everything but the culprits and, with two or more,
+    each culprit among the rest and each pair among the rest. Blames every patch that fails alone."""
     counter = Counter(world)
+    every = frozenset(world.names)
     counter.fails(frozenset())
-    blamed = frozenset(frozenset({p}) for p in world.names if counter.fails(frozenset({p})))
-    return len(counter.seen), blamed == world.culprits
+    counter.fails(every)
+    bad = [p for p in world.names if counter.fails(frozenset({p}))]
+    counter.fails(every - set(bad))
+    if len(bad) >= 2:
+        for p in bad:
+            counter.fails(every - (set(bad) - {p}))
+        for a, b in itertools.combinations(bad, 2):
+            counter.fails(every - (set(bad) - {a, b}))
+    return len(counter.seen), frozenset(frozenset({p}) for p in bad) == world.culprits
+
+
+def naive_count(n: int, k: int) -> int:
+    """The naive plan's launches on a monotone stack with k single culprits (what run_naive counts)."""
+    checks = 1 + (k if k >= 2 else 0) + (math.comb(k, 2) if k >= 3 else 0)  # k = 2: the pair is the full set
+    return n + 2 + checks
 
 
 def ddmin(items: list[str], fails: Callable[[frozenset[str]], bool]) -> list[str]:
@@ -129,37 +182,74 @@ def run_ddmin(world: World) -> tuple[int, bool]:
     return len(counter.seen), found == world.culprits
 
 
+# -- the grid the tests use --------------------------------------------------------------------
+
+GRID_SIZES = (4, 5, 6, 8, 12, 16, 32, 64)
+GRID_KS = (1, 2, 3)
+GRID_EVERY = 220  # every placement up to this many (n <= 12), else a seeded sample
+GRID_SAMPLE = 60
+
+
+def grid_worlds(n: int, k: int) -> list[tuple[str, ...]]:
+    """Every placement of k culprits among n when there are at most GRID_EVERY, else a seeded sample."""
+    names = [f"p{i:02d}" for i in range(n)]
+    if math.comb(n, k) <= GRID_EVERY:
+        return list(itertools.combinations(names, k))
+    rng = random.Random(f"grid|{n}|{k}")
+    return [tuple(rng.sample(names, k)) for _ in range(GRID_SAMPLE)]
+
+
+def freeze(path: Path) -> None:
+    out: dict[str, Any] = {"source": "benchmarks/_search_v1.py (the search at dcc82ad)", "cells": []}
+    for n in GRID_SIZES:
+        names = [f"p{i:02d}" for i in range(n)]
+        for k in GRID_KS:
+            worlds = grid_worlds(n, k)
+            launches = [count_monotone(SearchV1, names, w) for w in worlds]
+            out["cells"].append({"n": n, "k": k, "culprits": [list(w) for w in worlds], "v1_launches": launches})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out) + "\n")
+    print(f"wrote {path}")
+
+
 # -- the table --------------------------------------------------------------------------------
+
+CASES = (
+    ("monotone", 1), ("monotone", 2), ("monotone", 3), ("joint", 1), ("interaction", 1), ("noisy", 1), ("noisy", 2),
+)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=40, help="random placements per row")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sizes", default="4,8,16,32,64", help="numbers of patches")
+    parser.add_argument("--freeze", type=Path, help="write v1's counts on the test grid to this file and stop")
     args = parser.parse_args()
-    print("| n | case | k | goal k·⌈log2 n⌉+2 | isolate mean / max | right | one-at-a-time | right "
-          "| ddmin mean / max | right |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for n in (8, 16, 32, 64):
-        for case, k in (("monotone", 1), ("monotone", 2), ("interaction", 1), ("noisy", 1)):
+    if args.freeze:
+        freeze(args.freeze)
+        return
+    print("| n | case | k | naive mean / max | right | ddmin mean / max | right "
+          "| v1 mean / max | right | isolate mean / max | right |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.sizes.split(",")):
+        for case, k in CASES:
             rng = random.Random(f"{args.seed}|{n}|{case}|{k}")
-            rows: dict[str, list[tuple[int, bool]]] = {"isolate": [], "one": [], "ddmin": []}
+            rows: dict[str, list[tuple[int, bool]]] = {"naive": [], "ddmin": [], "v1": [], "isolate": []}
             for t in range(args.trials):
                 world = make_world(n, k, case, rng, seed=t)
-                rows["isolate"].append(run_isolate(world))
-                rows["one"].append(run_one_at_a_time(world))
+                rows["naive"].append(run_naive(world))
                 rows["ddmin"].append(run_ddmin(world))
-            goal = k * math.ceil(math.log2(n)) + 2
+                rows["v1"].append(run_isolate(world, SearchV1))
+                rows["isolate"].append(run_isolate(world))
+            cells = [_cell(rows[m]) for m in ("naive", "ddmin", "v1", "isolate")]
+            print(f"| {n} | {case} | {k} | {' | '.join(cells)} |", flush=True)
 
-            cells = [_cell(rows["isolate"]), _cell(rows["one"], spread=False), _cell(rows["ddmin"])]
-            print(f"| {n} | {case} | {k} | {goal} | {' | '.join(cells)} |")
 
-
-def _cell(runs: list[tuple[int, bool]], spread: bool = True) -> str:
+def _cell(runs: list[tuple[int, bool]]) -> str:
     launches = [x for x, _ in runs]
     right = sum(ok for _, ok in runs) / len(runs)
-    body = f"{statistics.mean(launches):.1f} / {max(launches)}" if spread else f"{max(launches)}"
-    return f"{body} | {right:.0%}"
+    return f"{statistics.mean(launches):.1f} / {max(launches)} | {right:.0%}"
 
 
 if __name__ == "__main__":

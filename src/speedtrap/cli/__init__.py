@@ -8,6 +8,7 @@ from speedtrap.cli import _isolate as _isolate
 from speedtrap.cli import _localize as _localize
 from speedtrap.cli import _probe as _probe
 from speedtrap.cli import _record as _record
+from speedtrap.cli import _repeat as _repeat
 from speedtrap.cli import _report as _report
 from speedtrap.cli import _targets as _targets
 from speedtrap.cli import _triage as _triage

@@ -43,6 +43,13 @@ def bisect_cmd(
     repeats: Annotated[
         int | None, typer.Option("--repeats", help="Extra trials for a verdict near the threshold.")
     ] = None,
+    floor: Annotated[
+        Path | None,
+        typer.Option("--floor", help="A noise floor (speedtrap probe repeat --json): the bound derives from it."),
+    ] = None,
+    margin: Annotated[
+        float, typer.Option("--margin", help="--floor: bound = floor + max(margin, floor), in the figure's unit.")
+    ] = 0.1,
     threads: Annotated[
         int | None, typer.Option("--threads", help="--target: torch intra-op threads (default: torch's).")
     ] = None,
@@ -68,10 +75,16 @@ def bisect_cmd(
         raise UsageError("give exactly one of --target or --manifest", "e.g. --target smol-moe")
     if manifest is not None and (patches or set_ or probe):
         raise UsageError("--patches, --set and --probe are for --target", "write them in the manifest instead")
+    from speedtrap.probe import load_floor
+
+    noise = load_floor(floor) if floor is not None else None
     spec = build_manifest(
         target, manifest, parse_patch_list(patches) or None, set_ or [], probe, metric, bound, repeats,
-        parse_patch_list(prior),
+        parse_patch_list(prior), noise, margin,
     )  # fmt: skip
+    if spec.verdict.origin:
+        err_console.print(f"verdict: fail when {spec.verdict.metric} > {spec.verdict.bound:.4g}; {spec.verdict.origin}",
+                          highlight=False)  # fmt: skip
     if executor is not None:
         if executor not in ("local", "ray"):
             raise UsageError(f"--executor {executor!r} is not local or ray", "pass --executor ray")

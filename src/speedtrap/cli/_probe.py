@@ -16,7 +16,7 @@ from speedtrap.cli import _serve as _serve  # registers `speedtrap serve`
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
 
 if TYPE_CHECKING:
-    from speedtrap.probe import Backend, DivergenceReport, RecallReport
+    from speedtrap.probe import Backend, DivergenceReport, NoiseFloor, RecallReport
 
 probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
@@ -203,12 +203,18 @@ def divergence_cmd(
     retries: RetriesOpt = 4,
     api: ApiOpt = "openai",
     quick: QuickOpt = False,
+    floor: Annotated[
+        Path | None, typer.Option("--floor", help="A noise floor (probe repeat --json): print the derived verdict.")
+    ] = None,
+    margin: Annotated[float, typer.Option("--margin", help="--floor: bound = floor + max(margin, floor).")] = 0.1,
+    bound: Annotated[float | None, typer.Option("--bound", help="Print the verdict against this bound.")] = None,
     json: JsonOpt = False,
 ) -> None:
     """Teacher-forced divergence of a configuration from the baseline, by position, prefill and decode."""
     from speedtrap.patching import parse_patch_list
-    from speedtrap.probe import DivergenceSettings, InProcessBackend, run_divergence
+    from speedtrap.probe import DivergenceSettings, InProcessBackend, load_floor, run_divergence
 
+    noise = load_floor(floor) if floor is not None else None  # a bad file fails before any probing
     settings = DivergenceSettings.quick() if quick else DivergenceSettings()
     changes: dict[str, Any] = {}
     if lengths:
@@ -261,10 +267,25 @@ def divergence_cmd(
         report = run_divergence(base, cand, settings, results_path=results, resume=resume, progress=True)
     finally:
         asyncio.run(_close(base, cand))
+    verdict = _verdict(report, noise, margin, bound) if noise is not None or bound is not None else None
     if json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), **({"verdict": verdict} if verdict else {})})
         return
     _print_divergence(report)
+    if verdict:
+        word = "FAIL" if verdict["fails"] else "pass"
+        out_console.print(f"verdict: {word}: worst.kl_p99 {verdict['value']:.4g} vs {verdict['bound']:.4g} "
+                          f"({verdict['origin']})", highlight=False)  # fmt: skip
+
+
+def _verdict(report: DivergenceReport, floor: NoiseFloor | None, margin: float, bound: float | None) -> dict[str, Any]:
+    """worst.kl_p99 against ``bound`` if given (it wins), else against the bound derived from ``floor``."""
+    worst = max(p.overall.kl_p99 for p in report.phases.values())
+    if bound is not None or floor is None:
+        limit, origin = float(bound or 0.0), "the explicit --bound"
+    else:
+        limit, origin = floor.bound("worst.kl_p99", margin), floor.describe("worst.kl_p99", margin)
+    return {"metric": "worst.kl_p99", "value": worst, "bound": limit, "origin": origin, "fails": worst > limit}
 
 
 async def _connect(*backends: Backend) -> None:

@@ -31,6 +31,14 @@ def serve_cmd(
     allow_auto_truncate: Annotated[
         bool, typer.Option("--allow-auto-truncate", help="SGLang's: cut prompts longer than the context silently.")
     ] = False,
+    stale_prompt_cache: Annotated[
+        bool,
+        typer.Option(
+            "--stale-prompt-cache",
+            help="A constructed bug: a repeated prompt's logprobs come from stale KV "
+            "(also SPEEDTRAP_SERVE_STALE_PROMPT_CACHE=1).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a target over HTTP; patches are switched on by their env vars (and --set config keys) at launch."""
     from speedtrap.serve import parse_overrides, serve
@@ -38,4 +46,5 @@ def serve_cmd(
     serve(
         target, host, port, parse_overrides(set_ or []), name, prefix_cache, threads,
         dialect=dialect, context=context_length, allow_auto_truncate=allow_auto_truncate,
+        stale_prompt_cache=stale_prompt_cache,
     )  # fmt: skip

@@ -10,6 +10,7 @@ from speedtrap._errors import UsageError
 from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec, load_isolate_manifest
 from speedtrap.isolate._run import manifest_for_target
 from speedtrap.isolate._store import stable_hash
+from speedtrap.probe import DEFAULT_MARGIN, NoiseFloor
 
 RUNS_DIR = "speedtrap-runs"
 
@@ -30,8 +31,14 @@ def build_manifest(
     bound: float | None,
     repeats: int | None,
     prior: Sequence[str],
+    floor: NoiseFloor | None = None,
+    margin: float = DEFAULT_MARGIN,
 ) -> IsolateManifest:
-    """The manifest of a ``bisect`` command line (``--manifest FILE`` or ``--target NAME`` + options)."""
+    """The manifest of a ``bisect`` command line (``--manifest FILE`` or ``--target NAME`` + options).
+
+    The bound: ``--bound`` wins; else a noise floor (``--floor``) derives it (see NoiseFloor.bound);
+    else the manifest's, or the default.
+    """
     if manifest is not None:
         spec = load_isolate_manifest(manifest)
     else:
@@ -50,7 +57,9 @@ def build_manifest(
     if metric is not None:
         verdict = dataclasses.replace(verdict, metric=metric)
     if bound is not None:
-        verdict = dataclasses.replace(verdict, bound=bound)
+        verdict = dataclasses.replace(verdict, bound=bound, origin="")
+    elif floor is not None:
+        verdict = with_floor(verdict, floor, margin)
     if repeats is not None:
         if repeats < 0:
             raise UsageError(f"--repeats {repeats} is negative", "give 0 or more")
@@ -58,6 +67,18 @@ def build_manifest(
     if prior and manifest is not None:
         spec = dataclasses.replace(spec, prior=tuple(prior))
     return dataclasses.replace(spec, verdict=verdict)
+
+
+def with_floor(verdict: VerdictSpec, floor: NoiseFloor, margin: float = DEFAULT_MARGIN) -> VerdictSpec:
+    """The verdict with its bound derived from a measured noise floor (a threshold on a KL figure, above)."""
+    if verdict.rule != "threshold" or verdict.direction != "above":
+        raise UsageError(
+            f"a noise floor bounds a threshold rule failing above, not {verdict.rule}/{verdict.direction}",
+            "drop --floor, or use --probe divergence",
+        )
+    return dataclasses.replace(
+        verdict, bound=floor.bound(verdict.metric, margin), origin=floor.describe(verdict.metric, margin)
+    )
 
 
 def default_run_dir(spec: IsolateManifest) -> Path:

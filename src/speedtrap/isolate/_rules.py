@@ -51,6 +51,7 @@ class ThresholdRule:
     bound: float
     direction: str = "above"  # "above": fails when the figure is above the bound
     near: float = 0.25
+    origin: str = ""  # how the bound was chosen, when derived (e.g. from a noise floor)
 
     def band(self, repeats: int = 1) -> tuple[float, float]:
         """The "near" band around the bound; it narrows as 1/sqrt(repeats), like the error of a mean."""
@@ -84,6 +85,7 @@ class ThresholdRule:
             "bound": self.bound,
             "direction": self.direction,
             "near": self.near,
+            **({"origin": self.origin} if self.origin else {}),
         }
 
 
@@ -125,4 +127,4 @@ class RecallDropRule:
 def rule_from_spec(spec: VerdictSpec) -> Rule:
     if spec.rule == "recall_drop":
         return RecallDropRule(spec.margin)
-    return ThresholdRule(spec.metric, spec.bound, spec.direction, spec.near)
+    return ThresholdRule(spec.metric, spec.bound, spec.direction, spec.near, spec.origin)

@@ -15,6 +15,20 @@ the judge (which checks the trial store, then runs the probe). The passes are pl
    there = *masked*: other patches fix it, which are then found); each pair of sets is tested
    together among the rest (passes = *cancel*: correct only together, not two culprits).
 
+The plan (``plan="auto"``) is picked from n: with n <= ceil(log2 n) + 2 (n <= 5) bisection cannot
+pay, and every failing context is scanned one patch at a time instead (the *singles* plan: the
+patches alone, in order, stopping at the first that fails; the next context may then pass at
+once). Bisection itself switches to patches alone inside a span of r patches once at most
+ceil(log2 r) + 1 of them are untested: that many trials would go to split points and a
+confirmation, while a patch tested alone is a trial the one-at-a-time plan makes too.
+
+Bounds. The naive plan tests the baseline, the full set and every patch alone, then what the
+conclusion needs: everything but the culprits, and with two or more sets each set among the rest
+and each pair among the rest. The singles plan makes only those trials plus, for k >= 4 sets,
+at most k - 3 contexts the naive plan would not (one per set found after the third), so for
+k <= 3 it never exceeds the naive count. The bisect plan's worst case for k single culprits is
+k * (ceil(log2 n) + 3) + 1; benchmarks/bench_isolate.py measures both against the naive plan.
+
 Pass verdicts are extended to subsets (monotonicity) only to skip trials inside discovery; the
 checks in step 3 test the configurations that monotonicity would otherwise assume. With capacity
 above 1 the bisection tests several split points per round; with capacity 1 it tests exactly one.
@@ -23,9 +37,11 @@ above 1 the bisection tests several split points per round; with capacity 1 it t
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from speedtrap._errors import UsageError
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
     Config,
@@ -37,6 +53,8 @@ from speedtrap.isolate._results import (
     Status,
     Verdict,
 )
+
+PLANS = ("auto", "bisect", "singles")
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
 Ahead = Callable[[list[str]], list[list[str]]]
@@ -62,7 +80,10 @@ class Search:
         check_interactions: bool = True,
         progress: Callable[[SearchProgress], None] | None = None,
         recheck: Callable[[Config], Judgement] | None = None,
+        plan: str = "auto",
     ) -> None:
+        if plan not in PLANS:
+            raise UsageError(f"search plan must be one of {', '.join(PLANS)}, got {plan!r}", "pass plan='auto'")
         self.relations = relations or Relations()
         self._judge = judge
         self._recheck = recheck
@@ -77,6 +98,7 @@ class Search:
         self.weights = {n: 1.0 / (ranks[n] + 1) ** 2 if prior else 1.0 for n in self.order}
         self._pos = ranks
         self._found = 0
+        self.plan = _pick_plan(len(self.order)) if plan == "auto" else plan
 
     # ------------------------------------------------------------------------------------------
     # The one gate.
@@ -174,6 +196,9 @@ class Search:
                     wanted = _fails if verdict is Verdict.FAIL else _bad
                     # A patch of the context already measured to fail alone is a minimal set: no bisection.
                     found_set = self._failing_single(ctx, found) if wanted is _fails else None
+                    if found_set is None and wanted is _fails and self.plan == "singles":
+                        single = self._scan_singles(ctx)  # None: no patch fails alone, bisection finds the set
+                        found_set = [single] if single is not None else None
                     if found_set is None:
                         then = functools.partial(self._next_round, found)
                         found_set = self._minimal([], ctx, wanted, infer=True, then=then)
@@ -254,6 +279,10 @@ class Search:
             if hi - lo <= 1:
                 break
             self._report(hi - lo, "bisect")
+            if infer and not base and self._singles_pay(cands[lo:hi]):
+                single = self._scan_singles(cands[lo:hi])
+                if single is not None:
+                    return cands.index(single) + 1
             points = self._split_points(cands, lo, hi)
             if infer:
                 known = [p for p in points if self._known_pass(base + cands[:p])]
@@ -266,6 +295,35 @@ class Search:
             lo = max([p for p, j in zip(points, judgements, strict=True) if not wanted(j) and p < hi] + [lo])
         self._report(1, "bisect")
         return hi
+
+    def _singles_pay(self, span: list[str]) -> bool:
+        """Whether testing ``span``'s patches alone costs no more trials than bisecting it and confirming.
+
+        Bisection spends about ceil(log2 r) + 1 trials on a span of r patches (the split points, then the
+        culprit alone), and its split points are of no use to anything else; a patch tested alone is
+        a trial the one-at-a-time plan makes too, and a failing one needs no confirmation.
+        """
+        todo = self._untested_singles(span)
+        return len(todo) <= math.ceil(math.log2(len(span))) + 1
+
+    def _untested_singles(self, span: list[str]) -> list[str]:
+        """Patches of ``span`` whose verdict alone is neither measured nor implied by a measured pass."""
+        return [p for p in span if self.canonical([p]) not in self.memo and not self._known_pass([p])]
+
+    def _scan_singles(self, span: list[str]) -> str | None:
+        """The first patch of ``span`` that fails alone (one per trial, or ``capacity`` per round)."""
+        for p in span:
+            j = self.memo.get(self.canonical([p]))
+            if j is not None and j.verdict is Verdict.FAIL:
+                return p
+        todo = self._untested_singles(span)
+        for start in range(0, len(todo), self.capacity):
+            self._report(len(todo) - start, "singles")
+            batch = todo[start : start + self.capacity]
+            for p, j in zip(batch, self.consider_many([[p] for p in batch]), strict=True):
+                if j.verdict is Verdict.FAIL:
+                    return p
+        return None
 
     def _narrow(self, base: list[str], cands: list[str], lo: int, hi: int, wanted: Wanted) -> tuple[int, int]:
         """The range (lo, hi) after what the memo already says of the prefixes in it (speculated ones)."""
@@ -486,6 +544,14 @@ def _fails(j: Judgement) -> bool:
 
 def _passes(j: Judgement) -> bool:
     return j.verdict is Verdict.PASS
+
+
+def _pick_plan(n: int) -> str:
+    """One at a time when bisection cannot pay: finding and confirming one culprit by bisection takes
+    ceil(log2 n) + 1 trials, which saves at most one trial over testing each patch alone when
+    n <= ceil(log2 n) + 2 (n <= 5), while one at a time never exceeds the naive plan for any number
+    of culprits (see the module docstring)."""
+    return "singles" if n <= math.ceil(math.log2(max(n, 1))) + 2 else "bisect"
 
 
 def _status(verdict: Verdict) -> Status:

@@ -168,9 +168,10 @@ class VerdictSpec:
     near: float = 0.25
     repeats: int = 2
     margin: float = 0.0  # recall_drop: extra drop (absolute) needed on top of non-overlapping intervals
+    origin: str = ""  # how the bound was chosen when not given (e.g. derived from a noise floor)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "rule": self.rule,
             "metric": self.metric,
             "bound": self.bound,
@@ -179,6 +180,9 @@ class VerdictSpec:
             "repeats": self.repeats,
             "margin": self.margin,
         }
+        if self.origin:
+            out["origin"] = self.origin
+        return out
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from speedtrap.probe._divergence import (
     run_divergence,
 )
 from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
+from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor, load_floor
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallCell, RecallReport, RecallSample, RecallSettings, arun_recall, run_recall
@@ -33,9 +34,11 @@ from speedtrap.probe._recording import Identity, Recording, backend_identity, re
 from speedtrap.probe._recording_format import FORMAT as RECORDING_FORMAT
 from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
 from speedtrap.probe._recording_format import RecordingError, add_extension
+from speedtrap.probe._repeat import Finding, RepeatReport, RepeatSettings, arun_repeat, run_repeat
 from speedtrap.probe._stats import KLStats
 
 __all__ = [
+    "DEFAULT_MARGIN",
     "RECORDING_FORMAT",
     "RECORDING_VERSION",
     "AgainstRecording",
@@ -47,11 +50,13 @@ __all__ = [
     "DivergenceSettings",
     "Engine",
     "Fact",
+    "Finding",
     "Generation",
     "HttpBackend",
     "Identity",
     "InProcessBackend",
     "KLStats",
+    "NoiseFloor",
     "PhaseDivergence",
     "PromptLogprobs",
     "RecallCell",
@@ -61,6 +66,8 @@ __all__ = [
     "RecallSettings",
     "Recording",
     "RecordingError",
+    "RepeatReport",
+    "RepeatSettings",
     "StepLogprobs",
     "TokenDist",
     "aagainst",
@@ -70,15 +77,18 @@ __all__ = [
     "arecord",
     "arun_divergence",
     "arun_recall",
+    "arun_repeat",
     "backend_identity",
     "build_conversation",
     "check_identity",
+    "load_floor",
     "read_recording",
     "record",
     "resolve_settings",
     "run_against",
     "run_divergence",
     "run_recall",
+    "run_repeat",
     "top_logprobs",
     "wilson",
 ]

@@ -114,6 +114,12 @@ class Engine:
         with self._lock, self._patched(patches):
             return self.model.logits(list(ids)).float()
 
+    def logits_on(self, ids: Sequence[int], cache: Any) -> Tensor:
+        """Logits [T, V] of ``ids`` run on top of ``cache`` (which they extend), under the engine's lock."""
+        self.check_fits(len(ids), 0)
+        with self._lock:
+            return self.model.logits(list(ids), cache).float()
+
     def decode_logits(self, ids: Sequence[int], decode_tokens: int, patches: Sequence[str] | None = None) -> Tensor:
         """Logits [decode_tokens, V] predicting the last ``decode_tokens`` tokens of ``ids``, computed by
         prefilling the rest and feeding one token at a time through the KV cache (a decode pass)."""

@@ -113,6 +113,8 @@ def rule_words(rule: Mapping[str, Any]) -> tuple[str, str, float | None]:
         words = f"fail when {metric} {sign} {float(bound):g}"
         if rule.get("near"):
             words += f" (repeat within ±{float(rule['near']):g})"
+        if rule.get("origin"):
+            words += f"; {rule['origin']}"
         return words, metric, float(bound)
     return (f"{kind}: {metric}" if kind else metric) or "-", metric, None
 

@@ -34,6 +34,7 @@ from speedtrap.serve._schemas import (
     messages_json,
     stops,
 )
+from speedtrap.serve._stale import StalePromptCache
 from speedtrap.targets import InProcessModel
 
 T = TypeVar("T")
@@ -55,11 +56,17 @@ def create_app(
     dialect: Dialect = "vllm",
     context: int | None = None,
     allow_auto_truncate: bool = False,
+    stale_prompt_cache: bool = False,
 ) -> FastAPI:
-    """A FastAPI app serving ``model`` with the patches now applied to it."""
+    """A FastAPI app serving ``model`` with the patches now applied to it.
+
+    ``stale_prompt_cache`` switches on a constructed bug (see serve/_stale.py): a repeated prompt's
+    logprobs are computed on stale KV.
+    """
     engine = Engine(model, prefix_cache_entries=prefix_cache)
     if context is not None:
         engine.context = context
+    stale = StalePromptCache(engine) if stale_prompt_cache else None
     name = model_name or model.name
     tokenizer = model.tokenizer
     sglang = dialect == "sglang"
@@ -173,7 +180,7 @@ def create_app(
         raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids")
 
     def scored(ids: list[int], k: int) -> list[StepLogprobs]:
-        logits = engine.prompt_logits(ids)
+        logits = stale.prompt_logits(ids) if stale is not None else engine.prompt_logits(ids)
         return top_logprobs(logits[:-1], ids[1:], max(k, 1))
 
     @app.post("/v1/completions")

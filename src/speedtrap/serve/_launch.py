@@ -44,8 +44,15 @@ def serve(
     dialect: str = "vllm",
     context: int | None = None,
     allow_auto_truncate: bool = False,
+    stale_prompt_cache: bool = False,
 ) -> None:
-    """Load, print the patches that are on (one line on stderr), and serve until interrupted."""
+    """Load, print the patches that are on (one line on stderr), and serve until interrupted.
+
+    The constructed stale-prompt-cache bug is on with ``stale_prompt_cache`` or its env var.
+    """
+    from speedtrap.serve._stale import ENV, stale_cache_on
+
+    stale = stale_prompt_cache or stale_cache_on(os.environ)
     import uvicorn
 
     if dialect not in {"vllm", "sglang"}:
@@ -69,7 +76,10 @@ def serve(
         dialect="sglang" if dialect == "sglang" else "vllm",
         context=context,
         allow_auto_truncate=allow_auto_truncate,
+        stale_prompt_cache=stale,
     )
     print(f"speedtrap serve: patches on: {', '.join(model.active) or 'none'}", file=sys.stderr, flush=True)
+    if stale:
+        print(f"speedtrap serve: stale prompt cache on ({ENV}): a constructed bug", file=sys.stderr, flush=True)
     print(f"speedtrap serve: {model_name or model.name} on http://{host}:{port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,83 @@
+"""The search's plan against the naive plan and the search it replaced, on a grid of monotone stacks.
+
+The previous search's launches come from data/search_v1_counts.json, written by the frozen copy of
+that search (``benchmarks/bench_isolate.py --freeze``), so nothing here is computed by the code
+under test except the new counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from speedtrap.isolate import Judgement, Search, Verdict
+
+DATA = Path(__file__).parent / "data" / "search_v1_counts.json"
+
+
+def naive_count(n: int, k: int) -> int:
+    """Baseline, full set, n singles, everything but the culprits; with k >= 2 each culprit among the
+    rest; with k >= 3 each pair among the rest (for k = 2 the pair's context is the full set)."""
+    return n + 3 + (k if k >= 2 else 0) + (math.comb(k, 2) if k >= 3 else 0)
+
+
+def launches(names: Sequence[str], bad: Sequence[str], plan: str = "auto") -> int:
+    seen: set[tuple[str, ...]] = set()
+
+    def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
+        seen.update(configs)
+        return [Judgement(c, Verdict.FAIL if any(b in c for b in bad) else Verdict.PASS) for c in configs]
+
+    result = Search(list(names), judge, plan=plan).run()
+    assert {c.patches for c in result.culprits} == {(b,) for b in bad}
+    assert not result.interactions
+    return len(seen)
+
+
+def cells() -> list[dict[str, Any]]:
+    return list(json.loads(DATA.read_text())["cells"])
+
+
+@pytest.mark.parametrize("cell", cells(), ids=lambda c: f"n{c['n']}-k{c['k']}")
+def test_the_search_never_costs_more_than_the_one_it_replaced(cell: dict[str, Any]) -> None:
+    n, k = cell["n"], cell["k"]
+    names = [f"p{i:02d}" for i in range(n)]
+    new = [launches(names, bad) for bad in cell["culprits"]]
+    old = cell["v1_launches"]
+    assert statistics.mean(new) <= statistics.mean(old), (n, k)
+    if n > 5:  # n <= 5 takes the singles plan: one trial more for a late single culprit, never above naive
+        assert max(new) <= max(old), (n, k)
+    if n <= 5 or n >= 16:
+        assert max(new) <= naive_count(n, k), (n, k, max(new))
+
+
+@pytest.mark.parametrize("cell", [c for c in cells() if c["n"] <= 16], ids=lambda c: f"n{c['n']}-k{c['k']}")
+def test_the_singles_plan_never_exceeds_the_naive_plan(cell: dict[str, Any]) -> None:
+    names = [f"p{i:02d}" for i in range(cell["n"])]
+    for bad in cell["culprits"]:
+        assert launches(names, bad, plan="singles") <= naive_count(cell["n"], cell["k"]), bad
+
+
+def test_the_plan_is_picked_from_n() -> None:
+    assert Search([f"p{i}" for i in range(5)], lambda cs: []).plan == "singles"
+    assert Search([f"p{i}" for i in range(6)], lambda cs: []).plan == "bisect"
+
+
+def test_the_issue_example_five_patches_two_culprits() -> None:
+    """Issue 17 measured 12 trials on 5 patches with 2 single culprits; the naive plan takes 10 with its checks."""
+    names = [f"p{i}" for i in range(5)]
+    worst = max(launches(names, (a, b)) for i, a in enumerate(names) for b in names[i + 1 :])
+    assert worst <= naive_count(5, 2) == 10
+
+
+def test_single_culprits_among_many_stay_near_log2_n_plus_3() -> None:
+    for n in (16, 32, 64):
+        names = [f"p{i:02d}" for i in range(n)]
+        worst = max(launches(names, (c,)) for c in names)
+        assert worst <= math.ceil(math.log2(n)) + 4, (n, worst)
