@@ -35,6 +35,12 @@ class RunInfo:
     finished: str | None = None
     run_schema_version: int | None = None  # the run directory's own version (run.json)
     stages: tuple[StageInfo, ...] = ()
+    title: str = ""  # the model and the stack (served model, engine and version); "" = the target's name
+
+    @property
+    def heading(self) -> str:
+        """What the page is about: the model and stack where known, else the target."""
+        return self.title or self.target or "speedtrap run"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +51,7 @@ class RunInfo:
             "finished": self.finished,
             "run_schema_version": self.run_schema_version,
             "stages": [s.to_json() for s in self.stages],
+            **({"title": self.title} if self.title else {}),
         }
 
     @classmethod
@@ -58,6 +65,7 @@ class RunInfo:
             d.get("finished"),
             None if version is None else int(version),
             tuple(StageInfo.from_json(s) for s in d.get("stages", [])),
+            str(d.get("title", "")),
         )
 
 

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from speedtrap._errors import StoreError, UsageError
+from speedtrap._errors import SpeedtrapError, StoreError, UsageError
 from speedtrap.report import _adapt, _commands
 from speedtrap.report._data import MissingPart, ReportData, RunInfo, StageInfo
 from speedtrap.report._model import DivergenceRun, RecallRun, TriageSection
@@ -260,6 +260,29 @@ def _localization(r: _Reader, culprits: list[tuple[str, ...]]) -> list[Localizat
     ]
 
 
+def _title(source: Source, r: _Reader) -> str:
+    """The model and the stack a manifest run is about: the served model's name (the manifest's), and
+    the engine and version the probed server reported (``engines`` of a divergence part)."""
+    model = ""
+    try:
+        from speedtrap.isolate import load_isolate_manifest
+
+        target = load_isolate_manifest(Path(str(source.manifest))).target
+        model = target.served_model or (Path(target.model).name if target.model else "")
+    except (SpeedtrapError, OSError):
+        pass
+    engine = ""
+    for _, part in r.parts(PROBES_DIR, "divergence-"):
+        if not isinstance(part, Exception):
+            engine = str((part.result.get("engines") or {}).get("candidate", ""))
+            if engine and not engine.startswith("an OpenAI-compatible server"):
+                break
+            engine = ""
+    if model and engine:
+        return f"{model} on {engine}"
+    return model or (f"{Path(str(source.manifest)).stem} on {engine}" if engine else "")
+
+
 def load_report_data(run_dir: Path) -> ReportData:
     """Everything a run directory holds, as report data; absent parts are listed in ``missing``."""
     run_dir = Path(run_dir)
@@ -298,6 +321,7 @@ def load_report_data(run_dir: Path) -> ReportData:
     localization = [] if bare_bisect else _localization(reader, culprits)
     verdict = build_verdict(triage, recall, divergence, isolation, localization)
     stages = _stage_infos(record, triage, recall or divergence, isolation, localization)
+    title = _title(source, reader) if source.manifest else ""
     info = RunInfo(
         run_dir=str(run_dir),
         target=source.name,
@@ -306,6 +330,7 @@ def load_report_data(run_dir: Path) -> ReportData:
         finished=record.finished if record is not None else None,
         run_schema_version=record.version if record is not None else None,
         stages=stages,
+        title=title,
     )
     data = ReportData(
         run=info,
