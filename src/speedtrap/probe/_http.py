@@ -53,6 +53,13 @@ def _error_message(resp: httpx.Response) -> str:
     return _one_line(str(body))
 
 
+def _token_ids(tokens: list[Any], where: str) -> list[int]:
+    """Token ids as a server listed them: integers, or a one-line error."""
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ServerError(f"{where} answered token ids that are not integers", "check the server's /tokenize")
+    return tokens
+
+
 def plain_text(messages: Sequence[Message]) -> str:
     """A conversation as plain text ("role: content" paragraphs), for servers that cannot tokenize chats.
 
@@ -172,10 +179,14 @@ class HttpBackend:
             try:
                 return resp.json()
             except (ValueError, json.JSONDecodeError):
-                raise ServerError(
-                    f"{url} answered invalid JSON (HTTP {resp.status_code}): {_one_line(resp.text, 80)!r}",
-                    "check that the URL is an OpenAI-compatible server",
-                ) from None
+                # A body cut short on the way (a proxy, a server restarting) is retried like a 5xx;
+                # it is never scored. One that stays invalid is not an OpenAI-compatible server.
+                last = f"answered invalid JSON (HTTP {resp.status_code}): {_one_line(resp.text, 80)!r}"
+                if attempt == self.retries:
+                    raise ServerError(
+                        f"{url} {last} {self.retries + 1} times", "check that the URL is an OpenAI-compatible server"
+                    ) from None
+                continue
         raise ServerError(
             f"{method} {url} failed after {self.retries + 1} attempts: {last}",
             "check that the server is running and healthy at that URL",
@@ -226,12 +237,12 @@ class HttpBackend:
             return None
         payload = {"model": self.model, "messages": messages, "add_generation_prompt": True}
         data = await self._post("/tokenize", payload, FALLBACK)
-        if isinstance(data, dict) and isinstance(data.get("count", data.get("tokens")), int | list):
+        count, tokens = (data.get("count"), data.get("tokens")) if isinstance(data, dict) else (None, None)
+        if isinstance(count, int) or isinstance(tokens, list):
             self._tokenize = True
             if isinstance(data.get("max_model_len"), int):
                 self.context = data["max_model_len"]
-            count = data.get("count")
-            return count if isinstance(count, int) else len(data["tokens"])
+            return count if isinstance(count, int) else len(tokens)  # type: ignore[arg-type]
         self._tokenize = False
         return None
 
@@ -282,7 +293,7 @@ class HttpBackend:
             data = await self._post("/tokenize", payload, FALLBACK)
             if isinstance(data, dict) and isinstance(data.get("tokens"), list):
                 self._tokenize = True
-                return [int(t) for t in data["tokens"]]
+                return _token_ids(data["tokens"], f"{self.base_url}/tokenize")
             self._tokenize = False
         return plain_text(messages)
 
