@@ -39,6 +39,7 @@ class FaultProxy:
         seed: int = 0,
         stall_s: float = 5.0,
         skip_paths: Sequence[str] = (),
+        first: int = 0,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.rate = rate
@@ -46,6 +47,7 @@ class FaultProxy:
         self.stall_s = stall_s
         self.skip_paths = tuple(skip_paths)  # never faulted (e.g. a health check outside the test)
         self.rng = random.Random(seed)
+        self.first = first  # the kind of the first fault (index into kinds): runs can start apart
         self.requests = 0
         self.faults: Counter[str] = Counter()
         self.log: list[tuple[str, str, str, str | None]] = []
@@ -65,7 +67,7 @@ class FaultProxy:
         self.requests += 1
         kind = None
         if not (self.skip_paths and path.startswith(self.skip_paths)) and self.rng.random() < self.rate:
-            kind = self.kinds[sum(self.faults.values()) % len(self.kinds)]  # in turn: few faults cover every kind
+            kind = self.kinds[(self.first + sum(self.faults.values())) % len(self.kinds)]  # in turn
             self.faults[kind] += 1
         self.log.append((method, path, hashlib.sha256(body).hexdigest()[:16], kind))
         return kind
