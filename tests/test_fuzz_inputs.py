@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 from speedtrap._errors import SpeedtrapError
 from speedtrap.cli import app
 
-EXAMPLES = int(os.environ.get("SPEEDTRAP_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("SPEEDTRAP_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 runner = CliRunner()
 
