@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -42,3 +43,23 @@ def _no_patch_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if "smol" in request.fixturenames:
         model: InProcessModel = request.getfixturevalue("smol")
         assert model.active == (), f"test left patches applied: {model.active}"
+
+
+@pytest.fixture(scope="session")
+def fuzz_cases(pytestconfig: pytest.Config) -> Counter[str]:
+    """Fuzz cases tried, by input kind: a fuzz test counts each case; the totals end the run's summary."""
+    counts: Counter[str] = Counter()
+    pytestconfig.stash[_FUZZ_CASES] = counts
+    return counts
+
+
+_FUZZ_CASES = pytest.StashKey[Counter[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    counts = config.stash.get(_FUZZ_CASES, None)
+    if counts:
+        terminalreporter.section("fuzz cases tried")
+        for kind, n in sorted(counts.items()):
+            terminalreporter.write_line(f"{n:7d}  {kind}")
+        terminalreporter.write_line(f"{sum(counts.values()):7d}  in all")

@@ -6,7 +6,9 @@ GET /health (503 while ``TINY_NEVER_HEALTHY`` is set), GET /figures?repeat=R -> 
 GET /pid. ``TINY_LAUNCHES`` names a file that gets one line per launch (the configuration).
 ``TINY_DIE_ON=<name>``: with that patch on, the server SIGKILLs itself when asked for figures.
 ``TINY_NOISE=<sigma>``: the metric gets seeded Gaussian noise (seed: configuration and repeat).
-The server exits when its parent process dies, so a killed test leaves nothing behind.
+The server exits when its parent process dies, so a killed test leaves nothing behind, unless
+``TINY_STAY`` is set (a server like SGLang's or vLLM's, which outlives its parent). ``TINY_PIDS``
+names a file that gets this server's pid, one line per launch.
 """
 
 from __future__ import annotations
@@ -73,7 +75,11 @@ def watch_parent(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
+    if not os.environ.get("TINY_STAY"):
+        threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
+    if os.environ.get("TINY_PIDS"):
+        with open(os.environ["TINY_PIDS"], "a") as f:
+            f.write(f"{os.getpid()} {PORT}\n")
     if os.environ.get("TINY_LAUNCHES"):
         with open(os.environ["TINY_LAUNCHES"], "a") as f:
             f.write(CONFIG + "\n")

@@ -50,5 +50,6 @@ def _exit_with_parent() -> None:
     os._exit(0)
 
 
-threading.Thread(target=_exit_with_parent, daemon=True).start()
+if not os.environ.get("TINY_STAY"):  # TINY_STAY: outlive the parent, like SGLang's or vLLM's servers
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
 ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()

@@ -1,17 +1,20 @@
 """Start a server for one trial, wait for it to be healthy, stop it; its log is kept.
 
 The command is an argv list run without a shell, in its own process group (so that SIGTERM and
-then SIGKILL reach the workers a server forks). Stdout and stderr go to one log file per trial;
-every error names that file.
+then SIGKILL reach the workers a server forks), under a guard (``_guard.py``) that takes the group
+down when this process dies, however it dies: no server outlives the run that launched it. Stdout
+and stderr go to one log file per trial; every error names that file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
 # close while its trial still runs). Not rebound; entries leave when a server stops.
 _LIVE: set[Server] = set()
+_GUARD = Path(__file__).with_name("_guard.py")
 
 
 class CommandNotFound(ServerError):
@@ -102,6 +106,9 @@ class Server:
                 self.proc.wait(10)
         # Workers the server forked may outlive it; the group is ours, so make sure they are gone.
         _signal_group(self.proc, signal.SIGKILL)
+        if self.proc.stdin is not None:  # the guard's lifeline: closed once the group is gone
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         return self.proc.returncode
 
     def __enter__(self) -> Server:
@@ -118,31 +125,37 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
+def _check_command(spec: LaunchSpec) -> None:
+    """A CommandNotFound unless ``argv[0]`` names an executable file (the guard starts it, not us)."""
+    program = spec.argv[0] if spec.argv else ""
+    local = os.path.join(spec.cwd, program) if spec.cwd is not None and os.sep in program else program
+    if shutil.which(local, path=spec.env.get("PATH", os.defpath)) is not None:
+        return
+    if os.sep in program and os.path.exists(local):
+        raise CommandNotFound(f"target.launch[0]: {program!r} is not executable", "check the path and its permissions")
+    raise CommandNotFound(
+        f"target.launch[0]: command {program!r} not found", "give the full path of the server program, or install it"
+    )
+
+
 def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
-    """Start the process (no shell, own session), logging to ``log_path``; does not wait for health."""
+    """Start the process (no shell, own session, under the guard), logging to ``log_path``; does not wait."""
+    _check_command(spec)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    guarded = [sys.executable, "-I", str(_GUARD), f"{spec.stop_timeout:g}", *spec.argv]
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(spec.argv)}\n".encode())
         log.flush()
         try:
             proc = subprocess.Popen(  # noqa: S603  (argv list from the manifest, never a shell)
-                list(spec.argv),
+                guarded,
                 env=dict(spec.env),
                 cwd=spec.cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # the guard's lifeline: EOF when this process ends
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        except FileNotFoundError:
-            raise CommandNotFound(
-                f"target.launch[0]: command {spec.argv[0]!r} not found",
-                "give the full path of the server program, or install it",
-            ) from None
-        except PermissionError:
-            raise CommandNotFound(
-                f"target.launch[0]: {spec.argv[0]!r} is not executable", "check the path and its permissions"
-            ) from None
         except OSError as exc:
             raise CommandNotFound(
                 f"target.launch: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"

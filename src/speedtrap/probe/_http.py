@@ -81,6 +81,13 @@ def _check_kept(data: Any, sent: int | None) -> Any:
     return data
 
 
+def _token_ids(tokens: list[Any], where: str) -> list[int]:
+    """Token ids as a server listed them: integers, or a one-line error."""
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ServerError(f"{where} answered token ids that are not integers", "check the server's /tokenize")
+    return tokens
+
+
 def plain_text(messages: Sequence[Message]) -> str:
     """A conversation as plain text ("role: content" paragraphs), for servers that cannot tokenize chats.
 
@@ -212,10 +219,14 @@ class HttpBackend:
             try:
                 return resp.json()
             except (ValueError, json.JSONDecodeError):
-                raise ServerError(
-                    f"{url} answered invalid JSON (HTTP {resp.status_code}): {_one_line(resp.text, 80)!r}",
-                    "check that the URL is an OpenAI-compatible server",
-                ) from None
+                # A body cut short on the way (a proxy, a server restarting) is retried like a 5xx;
+                # it is never scored. One that stays invalid is not an OpenAI-compatible server.
+                last = f"answered invalid JSON (HTTP {resp.status_code}): {_one_line(resp.text, 80)!r}"
+                if attempt == self.retries:
+                    raise ServerError(
+                        f"{url} {last} {self.retries + 1} times", "check that the URL is an OpenAI-compatible server"
+                    ) from None
+                continue
         raise ServerError(
             f"{method} {url} failed after {self.retries + 1} attempts: {last}",
             "check that the server is running and healthy at that URL",
@@ -279,14 +290,14 @@ class HttpBackend:
         # makes SGLang refuse a non-Jinja chat template (serving_tokenize.py:100-107).
         payload = {"model": self.model, "messages": messages}
         data = await self._tokenize_post(payload)
-        if isinstance(data, dict) and isinstance(data.get("count", data.get("tokens")), int | list):
+        count, tokens = (data.get("count"), data.get("tokens")) if isinstance(data, dict) else (None, None)
+        if isinstance(count, int) or isinstance(tokens, list):
             self._tokenize = True
             if isinstance(data.get("max_model_len"), int) and not self._context_from_models:
                 # SGLang's /tokenize reports the tokenizer's model_max_length (serving_tokenize.py:46-52),
                 # not the server's context: used only where /v1/models gives none.
                 self.context = data["max_model_len"]
-            count = data.get("count")
-            return count if isinstance(count, int) else len(data["tokens"])
+            return count if isinstance(count, int) else len(tokens)  # type: ignore[arg-type]
         self._tokenize = False
         return None
 
@@ -389,7 +400,7 @@ class HttpBackend:
             data = await self._tokenize_post(payload)
             if isinstance(data, dict) and isinstance(data.get("tokens"), list):
                 self._tokenize = True
-                return [int(t) for t in data["tokens"]]
+                return _token_ids(data["tokens"], f"{self.base_url}/tokenize")
             self._tokenize = False
         return plain_text(messages)
 
