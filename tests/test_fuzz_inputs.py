@@ -5,8 +5,8 @@
 - diffs (``speedtrap triage --patch FILE --tree DIR`` on the CLI);
 - server JSON: answers of OpenAI-, vLLM-, SGLang- and llama.cpp-shaped servers, built from their
   keys with random leaves, fed through the HTTP backend for every call a probe makes in every dialect;
-- input files through :data:`FILE_LOADERS`: the hook for new file formats (recordings: add their
-  loader there and every case here runs on it too).
+- input files through :data:`FILE_LOADERS`: manifests, diffs, recordings and noise-floor files (a new
+  format adds its loader there and every case here runs on it too).
 
 Run directories edited by hand are fuzzed in ``tests/report/test_report_fuzz.py`` (they need a real run).
 ``SPEEDTRAP_FUZZ_EXAMPLES`` sets the cases per test; the counts are printed at the end of the run.
@@ -325,10 +325,23 @@ def _load_triage(path: Path) -> object:
     return from_diff_files([path], None).close()
 
 
+def _load_recording(path: Path) -> object:
+    from speedtrap.probe import read_recording
+
+    return read_recording(path)
+
+
+def _load_floor(path: Path) -> object:
+    from speedtrap.probe import load_floor
+
+    return load_floor(path)
+
+
 FILE_LOADERS: list[tuple[str, Callable[[Path], object]]] = [
     ("isolate manifest", _load_isolate),
     ("diff file", _load_triage),
-    # ("recording", load_recording),  # issue 12: a recorded session; add its loader here
+    ("recording", _load_recording),
+    ("noise floor", _load_floor),
 ]
 
 
