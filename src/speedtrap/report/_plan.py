@@ -46,7 +46,7 @@ def plan_figures(data: ReportData) -> list[PlannedFigure]:
             "recall-by-length",
             "Recall by prompt length: " + " vs ".join(r.label for r in data.recall),
             "probes",
-            " && ".join(r.command for r in data.recall if r.command),
+            " && ".join(dict.fromkeys(r.command for r in data.recall if r.command)),
             partial(_figures.recall_by_length, data.recall),
         )
     for div in data.divergence:
