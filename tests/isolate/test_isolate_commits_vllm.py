@@ -35,6 +35,20 @@ BOUND = 3.2
 pytestmark = pytest.mark.slow
 
 
+def ensure_vllm_stack() -> tuple[Path, Path]:
+    """The vLLM venv and the exported model, built once into the clone by the real-stacks helper
+    (``tests/vllm/vllm_stack.py``), so this test runs wherever the vLLM tests do instead of skipping."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "vllm" / "vllm_stack.py"
+    spec = importlib.util.spec_from_file_location("speedtrap_tests_vllm_stack", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    python, model = module.ensure_stack()
+    return Path(python), Path(model)
+
+
 def _vllm_package() -> Path | None:
     found = sorted(VENV.glob("lib/python3*/site-packages/vllm/__init__.py"))
     return found[0].parent if found else None
@@ -55,6 +69,8 @@ def _copy_package(src: Path, dst: Path) -> None:
 
 
 def test_vllm_commit_patches_name_the_culprit_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "SPEEDTRAP_VLLM_VENV" not in os.environ:
+        ensure_vllm_stack()  # builds .vllm-venv and .vllm-model once (minutes), reused after
     package = _vllm_package()
     if package is None or not (VENV / "bin" / "python").exists() or not (MODEL / "config.json").exists():
         pytest.skip(

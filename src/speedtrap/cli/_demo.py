@@ -47,7 +47,10 @@ def _finish(result: Any, json: bool) -> None:
 
 
 def _command_line() -> str:
-    return " ".join(shlex.quote(a) for a in ["speedtrap", *sys.argv[1:]])
+    """The command as typed, secrets hidden (it is written into the run directory and the report)."""
+    from speedtrap._redact import redact_argv
+
+    return " ".join(shlex.quote(a) for a in ["speedtrap", *redact_argv(sys.argv[1:])])
 
 
 @app.command("demo")

@@ -24,6 +24,7 @@ from types import TracebackType
 import httpx
 
 from speedtrap._errors import ServerError
+from speedtrap._redact import redact_argv
 
 _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
@@ -144,7 +145,7 @@ def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-I", str(_GUARD), f"{spec.stop_timeout:g}", *spec.argv]
     with open(log_path, "ab") as log:
-        log.write(f"$ {' '.join(spec.argv)}\n".encode())
+        log.write(f"$ {' '.join(redact_argv(spec.argv))}\n".encode())  # the log lands in run directories
         log.flush()
         try:
             proc = subprocess.Popen(  # noqa: S603  (argv list from the manifest, never a shell)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedtrap._redact import redact_argv, redact_env
 from speedtrap.patching import Gate, GateKind
 
 EXECUTORS = ("local", "ray")
@@ -101,11 +102,11 @@ class TargetSpec:
     def identity(self) -> dict[str, Any]:
         if self.in_process:
             return {"in_process": self.name, "overrides": dict(self.overrides)}
-        return {
-            "launch": list(self.launch),
+        return {  # secrets in the launch line or env are hidden: identities are stored in run directories
+            "launch": redact_argv(self.launch),
             "model": _file_identity(self.model),
             "served_model": self.served_model,
-            "env": dict(self.env),
+            "env": redact_env(dict(self.env))[0],
             "config_args": list(self.config_args),
             **({"base": self.base, "pythonpath": list(self.pythonpath)} if self.repo is not None else {}),
         }
@@ -115,14 +116,14 @@ class TargetSpec:
         if self.in_process:
             out["overrides"] = dict(self.overrides)
             return out
-        out.update(
-            launch=list(self.launch),
+        out.update(  # written into run directories and reports: secrets hidden
+            launch=redact_argv(self.launch),
             model=self.model,
             health=self.health,
             served_model=self.served_model,
             start_timeout=self.start_timeout,
             stop_timeout=self.stop_timeout,
-            env=dict(self.env),
+            env=redact_env(dict(self.env))[0],
             config_args=list(self.config_args),
             retries=self.retries,
             cwd=str(self.cwd) if self.cwd else None,

@@ -14,6 +14,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from speedtrap._errors import UsageError
+from speedtrap._redact import redact_url
 from speedtrap.isolate import Outcome, RecallDropRule, ThresholdRule, report_figures
 
 DEFAULT_BOUNDS = ("worst.kl_p99<=0.1",)  # divergence: the worst phase's p99 KL, as isolate's default oracle
@@ -149,7 +150,7 @@ def junit_xml(result: GateResult) -> str:
     )  # fmt: skip
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="recording", value=result.recording)
-    ET.SubElement(props, "property", name="target", value=result.target)
+    ET.SubElement(props, "property", name="target", value=redact_url(result.target))
     for note in result.notes:
         ET.SubElement(props, "property", name="note", value=note)
     for check in result.checks:

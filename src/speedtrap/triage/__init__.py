@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from speedtrap._redact import redact_argv, redact_env, secret_name
 from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._init import InitResult, init_manifest
-from speedtrap.triage._inspect import (
-    InspectReport,
-    inspect_process,
-    read_process,
-    redact_argv,
-    redact_env,
-    secret_name,
-)
+from speedtrap.triage._inspect import InspectReport, inspect_process, read_process
 from speedtrap.triage._manifest import Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
 from speedtrap.triage._run import PatchReport, TriageReport, triage

@@ -12,35 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
+from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
 from speedtrap.patching import Gate
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG
 from speedtrap.triage._plugins import PluginEntry, process_plugins
 from speedtrap.triage._sources import PatchInput
 
-REDACTED = "<redacted>"
-# A name looks secret when one of its parts (split at _ - .) is a secret word: TOKEN, API_KEY, SECRET,
-# PASSWORD/PASSWD/PWD, CREDENTIALS, AUTH..., COOKIE, SESSION. Whole parts, so TOKENIZERS_PARALLELISM,
-# GIT_AUTHOR_NAME and the working directories PWD and OLDPWD are not secrets.
-_SECRET_PART = re.compile(
-    r"^(.*(password|passwd|secret|credential|creds).*|.*(token|apikey)|tokens|keys?|auth(token|orization|z)?"
-    r"|oauth.*|cookies?|session(id)?|pwd|pass|signature|sig|private)$"
-)
-_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
-
-
-def secret_name(name: str) -> bool:
-    """Whether an environment variable or option name looks like it holds a secret."""
-    name = name.strip().lstrip("-")
-    if name.upper() in _NOT_SECRET:
-        return False
-    return any(_SECRET_PART.match(part) for part in re.split(r"[_\-.]+", name.lower()) if part)
-
-
-_SECRET_VALUE = re.compile(
-    r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_|"
-    r"xox[abprs]-|AKIA[0-9A-Z]{12,}|ASIA[0-9A-Z]{12,}|glpat-|eyJ[A-Za-z0-9_-]{10,}\.)"
-)
-_URL_CREDS = re.compile(r"(://[^/\s:@]+:)[^@\s/]+@")
 _SWITCH_PREFIXES = (
     "SGLANG_",
     "VLLM_",
@@ -102,43 +79,6 @@ class InspectReport:
             "redacted": self.redacted,
             "env": self.env,
         }
-
-
-def is_secret(name: str, value: str) -> bool:
-    return secret_name(name) or bool(_SECRET_VALUE.match(value.strip()))
-
-
-def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    out, hidden = {}, []
-    for k, v in env.items():
-        if is_secret(k, v):
-            out[k] = REDACTED
-            hidden.append(k)
-        else:
-            out[k] = _URL_CREDS.sub(r"\1" + REDACTED + "@", v)
-    return out, sorted(hidden)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if arg.startswith("-") and "=" in arg:
-            name, value = arg.split("=", 1)
-            out.append(
-                f"{name}={REDACTED}"
-                if is_secret(name.lstrip("-"), value)
-                else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg)
-            )
-            continue
-        if arg.startswith("-") and secret_name(arg):
-            hide_next = True
-        out.append(REDACTED if _SECRET_VALUE.match(arg) else _URL_CREDS.sub(r"\1" + REDACTED + "@", arg))
-    return out
 
 
 def _split_nul(data: bytes) -> list[str]:
