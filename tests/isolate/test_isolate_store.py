@@ -103,7 +103,9 @@ def test_a_configuration_whose_server_always_dies_is_marked_failed_with_its_log(
     result = isolate(load_isolate_manifest(manifest), tmp_path / "run")
     failed = [t for t in result.trials if t.status == "failed"]
     assert failed and all("e" in t.config and t.attempts == 2 for t in failed)
-    assert all(t.log_path and Path(t.log_path).exists() and "signal 9" in str(t.error) for t in failed)
+    assert all(t.log_path and Path(t.log_path).exists() and "signal 9" in str(t.error) for t in failed), [
+        (t.log_path, t.error) for t in failed
+    ]
     assert result.status is Status.ERROR and "the full set's verdict is error" in result.message
 
 

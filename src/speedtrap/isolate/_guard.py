@@ -63,7 +63,8 @@ def main(argv: list[str]) -> int:
     if orphaned.is_set():  # the watcher is taking the group down: let it finish (it ends the guard)
         watcher.join()
     if code < 0:  # die of the same signal, so the launcher sees what the server saw
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
     return code
