@@ -118,7 +118,8 @@ class StackWatcher:
             except OSError:
                 continue
             args = [a.decode(errors="replace") for a in argv]
-            if self.tag in args and "serve" in args:
+            guard = any(a.endswith("_guard.py") for a in args)  # the launch guard that heads each server's group
+            if self.tag in args and "serve" in args and not guard:
                 out[int(entry)] = args
         return out
 
