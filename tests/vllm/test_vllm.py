@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -40,7 +41,10 @@ def _url(server: Server) -> str:
 def test_the_plugin_is_loaded_and_inspect_names_it_and_its_gate(vllm_server: Server) -> None:
     log = vllm_server.log_path.read_text(errors="replace")
     assert "speedtrap_example[" in log and "patches installed: SPEEDTRAP_VLLM_SILU_NATIVE" in log
-    argv = [sys.executable, "-m", "speedtrap", "inspect", "--pid", str(vllm_server.pid), "--manifest", str(MANIFEST)]
+    # speedtrap's launcher heads each server with a guard process; inspect the server itself, as a user would.
+    found = re.search(r"speedtrap guard: server pid (\d+)", log)
+    pid = int(found.group(1)) if found else vllm_server.pid
+    argv = [sys.executable, "-m", "speedtrap", "inspect", "--pid", str(pid), "--manifest", str(MANIFEST)]
     done = subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)
     assert report["patches_on"] == ["silu_native"]
