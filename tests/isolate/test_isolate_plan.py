@@ -7,6 +7,7 @@ under test except the new counts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from speedtrap.isolate import Judgement, Search, Verdict
+from speedtrap.isolate._policy import budgets
 
 DATA = Path(__file__).parent / "data" / "search_v1_counts.json"
 
@@ -27,14 +29,14 @@ def naive_count(n: int, k: int) -> int:
     return n + 3 + (k if k >= 2 else 0) + (math.comb(k, 2) if k >= 3 else 0)
 
 
-def launches(names: Sequence[str], bad: Sequence[str], plan: str = "auto") -> int:
+def launches(names: Sequence[str], bad: Sequence[str], plan: str = "auto", prior: Sequence[str] = ()) -> int:
     seen: set[tuple[str, ...]] = set()
 
     def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
         seen.update(configs)
         return [Judgement(c, Verdict.FAIL if any(b in c for b in bad) else Verdict.PASS) for c in configs]
 
-    result = Search(list(names), judge, plan=plan).run()
+    result = Search(list(names), judge, plan=plan, prior=prior).run()
     assert {c.patches for c in result.culprits} == {(b,) for b in bad}
     assert not result.interactions
     return len(seen)
@@ -45,16 +47,38 @@ def cells() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("cell", cells(), ids=lambda c: f"n{c['n']}-k{c['k']}")
-def test_the_search_never_costs_more_than_the_one_it_replaced(cell: dict[str, Any]) -> None:
+def test_the_search_never_exceeds_the_naive_plan(cell: dict[str, Any]) -> None:
+    """Every placement of up to three single culprits (sampled past 220 placements)."""
     n, k = cell["n"], cell["k"]
+    names = [f"p{i:02d}" for i in range(n)]
+    new = [launches(names, bad) for bad in cell["culprits"]]
+    assert max(new) <= naive_count(n, k), (n, k, max(new))
+
+
+@pytest.mark.parametrize("cell", cells(), ids=lambda c: f"n{c['n']}-k{c['k']}")
+def test_the_search_costs_no_more_than_the_one_it_replaced(cell: dict[str, Any]) -> None:
+    """Mean and worst case per (n, k), except one culprit among n <= 8 (the next test says why)."""
+    n, k = cell["n"], cell["k"]
+    if k == 1 and n <= 8:
+        pytest.skip("one culprit among n <= 8: the naive bound costs the old search's speed here")
     names = [f"p{i:02d}" for i in range(n)]
     new = [launches(names, bad) for bad in cell["culprits"]]
     old = cell["v1_launches"]
     assert statistics.mean(new) <= statistics.mean(old), (n, k)
-    if n > 5:  # n <= 5 takes the singles plan: one trial more for a late single culprit, never above naive
-        assert max(new) <= max(old), (n, k)
-    if n <= 5 or n >= 16:
-        assert max(new) <= naive_count(n, k), (n, k, max(new))
+    assert max(new) <= max(old), (n, k)
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 8])
+def test_for_few_patches_the_old_search_broke_the_naive_bound(n: int) -> None:
+    """Why one culprit among n <= 8 costs up to n here: the search before issue 17 found one culprit in
+    about log2(n) + 1 trials but went over the naive count with two or three (its frozen counts); the
+    minimax table finds no plan of patches alone and prefixes that keeps three within the naive count
+    unless a single culprit may cost n."""
+    old = {c["k"]: c for c in cells() if c["n"] == n}
+    assert any(max(old[k]["v1_launches"]) > naive_count(n, k) for k in (2, 3)), n
+    assert budgets(n)[0] == n
+    names = [f"p{i:02d}" for i in range(n)]
+    assert max(launches(names, (c,)) for c in names) == naive_count(n, 1)
 
 
 @pytest.mark.parametrize("cell", [c for c in cells() if c["n"] <= 16], ids=lambda c: f"n{c['n']}-k{c['k']}")
@@ -64,9 +88,16 @@ def test_the_singles_plan_never_exceeds_the_naive_plan(cell: dict[str, Any]) -> 
         assert launches(names, bad, plan="singles") <= naive_count(cell["n"], cell["k"]), bad
 
 
-def test_the_plan_is_picked_from_n() -> None:
-    assert Search([f"p{i}" for i in range(5)], lambda cs: []).plan == "singles"
-    assert Search([f"p{i}" for i in range(6)], lambda cs: []).plan == "bisect"
+@pytest.mark.parametrize("n", [8, 12, 16])
+def test_a_prior_keeps_the_naive_bound(n: int) -> None:
+    """Triage's ranking reorders the search and widens its budgets by one, never past the naive count:
+    every placement of up to three culprits, with the ranking right, wrong and shuffled."""
+    names = [f"p{i:02d}" for i in range(n)]
+    rankings = [names[::-1], names[n // 2 :] + names[: n // 2]]
+    for k in (1, 2, 3):
+        for bad in itertools.combinations(names, k):
+            for prior in [*rankings, list(bad)]:
+                assert launches(names, bad, prior=prior) <= naive_count(n, k), (bad, prior[:3])
 
 
 def test_the_issue_example_five_patches_two_culprits() -> None:

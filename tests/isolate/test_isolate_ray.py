@@ -130,6 +130,9 @@ def test_bisect_cli_connects_to_a_running_cluster_by_address(
     assert resumed["culprits"] == result["culprits"]
 
 
+VICTIM = ("p1",)  # a trial the search makes: patch p1 alone (passes)
+
+
 def _kills_its_worker(marker_dir: Path, victim: tuple[str, ...], every_time: bool) -> Callable[..., dict[str, float]]:
     # Self-contained (no reference to this module's globals): Ray workers cannot import a test module.
     def fn(config: tuple[str, ...], repeat: int) -> dict[str, float]:
@@ -145,9 +148,9 @@ def _kills_its_worker(marker_dir: Path, victim: tuple[str, ...], every_time: boo
 
 
 def test_a_worker_killed_mid_trial_fails_over_to_another_node(cluster: Any, tmp_path: Path) -> None:
-    fn = _kills_its_worker(tmp_path, ("p0", "p1", "p2"), every_time=False)
+    fn = _kills_its_worker(tmp_path, VICTIM, every_time=False)
     local, _ = run_simulated(lambda c, r: {"metric": float(broken(frozenset(c)))}, None, None)
-    assert ("p0", "p1", "p2") in [j.config for j in local.judgements]  # the victim is a trial the search runs
+    assert VICTIM in [j.config for j in local.judgements]  # the victim is a trial the search runs
     with RayExecutor(workers=1) as executor:
         remote, remote_eval = run_simulated(fn, tmp_path / "run", executor)
         assert executor.failovers == 1
@@ -156,12 +159,12 @@ def test_a_worker_killed_mid_trial_fails_over_to_another_node(cluster: Any, tmp_
     assert dead_node and new_node and dead_node != new_node  # and ran again on the other node
     assert remote.culprit_names == local.culprit_names == CULPRITS
     assert [i.to_json() for i in remote.interactions] == [i.to_json() for i in local.interactions]
-    victim = [t for t in remote_eval.trials if t.config == ("p0", "p1", "p2")]
+    victim = [t for t in remote_eval.trials if t.config == VICTIM]
     assert len(victim) == 1 and victim[0].status == "ok" and victim[0].attempts == 2
 
 
 def test_a_worker_that_dies_every_time_is_a_failed_trial_and_the_run_still_ends(cluster: Any, tmp_path: Path) -> None:
-    victim = ("p0", "p1", "p2")
+    victim = VICTIM
     fn = _kills_its_worker(tmp_path, victim, every_time=True)
     with RayExecutor(workers=1) as executor:
         result, evaluator = run_simulated(fn, tmp_path / "run", executor)
@@ -234,7 +237,7 @@ def test_a_node_lost_mid_trial_moves_the_trial_to_the_other_node(cluster: Any, t
     import threading
     import time
 
-    victim = ("p0", "p1", "p2")
+    victim = VICTIM
     marker = tmp_path / "started"
 
     def fn(config: tuple[str, ...], repeat: int) -> dict[str, float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from speedtrap._errors import ManifestError
+from speedtrap._errors import ManifestError, UsageError
 from speedtrap.isolate import ProbeSpec, ServerOracle, Status, TargetSpec, isolate, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, Identity
 from speedtrap.probe._recording_format import FORMAT, VERSION, Block, Names, RecordingWriter, SequenceRecord
@@ -207,3 +207,43 @@ def test_recorded_mode_runs_one_server_at_a_time_with_the_side_by_side_verdict(t
     assert recorded.interactions == live.interactions
     verdicts = {j.config: j.verdict for j in recorded.judgements}
     assert verdicts == {j.config: j.verdict for j in live.judgements if j.config in verdicts}
+
+
+def _floor_json(p99: float) -> dict[str, object]:
+    from speedtrap.probe import KLStats, NoiseFloor
+
+    kl = [0.0] * 50 + [p99] * 50
+    stats = KLStats.of(kl, [True] * len(kl), [])
+    return NoiseFloor(stats, stats, stats, exact=False, source="http://gpu-server:8000").to_json()
+
+
+def test_a_floor_stored_with_the_reference_recording_sets_the_bound(tmp_path: Path) -> None:
+    """No verdict.bound: the bound derives from the floor stored in the recording; a bound written wins;
+    a recording with no floor (or a live reference) still needs one."""
+    from speedtrap.probe import add_extension, load_floor
+
+    rec = _write(tmp_path / "base.strec")
+    no_bound = _manifest(tmp_path, 'reference = "base.strec"').read_text().replace("bound = 0.1", "")
+    (tmp_path / "derived.toml").write_text(no_bound)
+    with pytest.raises(ManifestError, match="record --floor"):
+        load_isolate_manifest(tmp_path / "derived.toml")
+    with pytest.raises(UsageError, match="holds no noise floor"):
+        load_floor(rec)
+    add_extension(rec, "floor", _floor_json(0.3))
+    verdict = load_isolate_manifest(tmp_path / "derived.toml").verdict
+    assert verdict.bound == pytest.approx(0.6)  # 0.3 + max(0.1, 0.3)
+    assert "noise floor of http://gpu-server:8000" in verdict.origin and "base.strec" in verdict.origin
+    assert load_floor(rec).overall.kl_p99 == pytest.approx(0.3)
+    assert load_isolate_manifest(_manifest(tmp_path, 'reference = "base.strec"')).verdict.bound == 0.1
+    (tmp_path / "live.toml").write_text(no_bound.replace('"base.strec"', '"live"'))
+    with pytest.raises(ManifestError, match=r"verdict\.bound is missing"):
+        load_isolate_manifest(tmp_path / "live.toml")
+
+
+def test_an_invalid_stored_floor_is_one_line_on_load(tmp_path: Path) -> None:
+    from speedtrap.probe import RecordingError, add_extension, read_recording
+
+    rec = _write(tmp_path / "base.strec")
+    add_extension(rec, "floor", {"overall": "not stats"})
+    with pytest.raises(RecordingError, match="invalid noise floor"):
+        read_recording(rec)

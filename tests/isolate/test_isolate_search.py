@@ -115,7 +115,7 @@ def test_baseline_failing_and_full_set_passing_stop_the_search(simulate: Simulat
 
 
 def test_launches_for_one_culprit_stay_within_log2_n_plus_four(simulate: Simulate) -> None:
-    for n in (8, 16, 32, 64):
+    for n in (16, 32, 64):  # n <= 8: up to the naive plan's n + 3 (test_isolate_plan.py says why)
         names = [f"p{i}" for i in range(n)]
         worst = 0
         for culprit in names:

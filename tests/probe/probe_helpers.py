@@ -7,13 +7,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import torch
 
 from speedtrap._errors import ServerError
 from speedtrap.probe import RecallSettings
+from speedtrap.targets._base import InProcessModel
 
 THREADS = 1
 SERVER_START_TIMEOUT = 600.0  # a model load on a busy 2-core machine can take minutes
@@ -89,3 +94,23 @@ def stop_server(server: Server) -> None:
 def serve_argv(port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", str(port),
             "--threads", str(THREADS), *extra]  # fmt: skip
+
+
+SIGMA = 0.5  # Gaussian noise on every logit of every forward: the noisy stack's batch-to-batch variation
+
+
+@contextmanager
+def noisy(model: InProcessModel, sigma: float, seed: int = 0) -> Iterator[None]:
+    """Every forward of the real model gets fresh Gaussian noise on its logits (like split-K reductions,
+    larger), until the block ends."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def hook(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(output.shape, generator=gen, dtype=torch.float32).to(output.dtype)
+        return output + sigma * noise
+
+    handle = model.model.lm_head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from probe_helpers import Server, clean_env, free_port, serve_argv, start_server, stop_server
+from probe_helpers import SIGMA, Server, clean_env, free_port, noisy, serve_argv, start_server, stop_server
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
@@ -178,6 +178,35 @@ def test_check_exit_codes_and_junit(cli_model: InProcessModel, in_process_record
     assert as_json.exit_code == 1 and data["status"] == "regression" and data["exit_code"] == 1
     usage = _check("--against", rec, "--target", "smol-moe", "--bound", "kl<0.1")
     assert usage.exit_code == 2 and "METRIC<=VALUE" in usage.output
+
+
+@pytest.mark.slow
+def test_a_floor_stored_with_the_recording_sets_the_checks_bound(
+    cli_model: InProcessModel, in_process_recording: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a noisy stack (fresh noise on every forward's logits), the unpatched build fails the fixed bound
+    and passes the bound derived from the floor that ``probe repeat --into`` stored in the recording."""
+    import shutil
+
+    import speedtrap.cli._repeat as cli_repeat
+
+    monkeypatch.setattr(cli_repeat, "_load_smol", lambda target, overrides: cli_model)
+    rec = tmp_path / "base.strec"
+    shutil.copy(in_process_recording.path, rec)
+    with noisy(cli_model, SIGMA):
+        stored = CliRunner().invoke(app, ["probe", "repeat", "--lengths", "64", "--sequences", "2", "--batch", "1",
+                                          "--into", str(rec)])  # fmt: skip
+        assert stored.exit_code == 0, stored.output
+        floor = read_recording(rec).floor
+        assert floor is not None and floor.overall.kl_p99 > 0.01
+        fixed = _check("--against", str(rec), "--target", "smol-moe", "--bound", "worst.kl_p99<=0.1")
+        derived = _check("--against", str(rec), "--target", "smol-moe")
+        culprit = _check("--against", str(rec), "--target", "smol-moe", "--patches", "hash_topk_routed_scaling")
+    assert fixed.exit_code == 1, fixed.output  # the fixed bound blames the stack's own noise
+    assert derived.exit_code == 0, derived.output
+    assert "derived from the noise floor" in derived.output and "stored with the recording" in derived.output
+    assert culprit.exit_code == 1, culprit.output  # the seed bug still fails the derived bound
+    assert read_recording(in_process_recording.path).floor is None  # the original is untouched
 
 
 def test_the_subcommands_of_check_still_work(cli_model: InProcessModel) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from probe_helpers import MLP_X15, Server, free_port, serve_argv, start_server, stop_server
+from probe_helpers import MLP_X15, SIGMA, Server, free_port, noisy, serve_argv, start_server, stop_server
 
 from speedtrap._errors import UsageError
 from speedtrap.isolate import ThresholdRule
@@ -35,24 +34,6 @@ from speedtrap.targets._base import InProcessModel
 SMALL = RepeatSettings(lengths=(96,), sequences=1, batch=1, top_k=10)
 SETTINGS = RepeatSettings(lengths=(160,), sequences=1, batch=2, top_k=10)
 DIVERGENCE = DivergenceSettings(lengths=(160,), sequences=1, decode_tokens=8, bucket_size=64)
-SIGMA = 0.5  # Gaussian noise on every logit of every forward: the noisy stack's batch-to-batch variation
-
-
-@contextmanager
-def noisy(model: InProcessModel, sigma: float, seed: int = 0) -> Iterator[None]:
-    """Every forward of the real model gets fresh Gaussian noise on its logits (like split-K reductions,
-    larger), until the block ends."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def hook(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        noise = torch.randn(output.shape, generator=gen, dtype=torch.float32).to(output.dtype)
-        return output + sigma * noise
-
-    handle = model.model.lm_head.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 @pytest.fixture(scope="module")

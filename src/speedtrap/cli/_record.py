@@ -35,6 +35,7 @@ from speedtrap.cli._probe import (
     _print_divergence,
     _print_recall,
 )
+from speedtrap.cli._repeat import store_floor
 
 if TYPE_CHECKING:
     from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
@@ -82,10 +83,14 @@ def record_cmd(
     timeout: TimeoutOpt = 600.0,
     retries: RetriesOpt = 4,
     quick: QuickOpt = False,
+    floor: Annotated[
+        bool,
+        typer.Option("--floor", help="Also measure the stack's noise floor (probe repeat) and store it with it."),
+    ] = False,
     json: JsonOpt = False,
 ) -> None:
     """Record a baseline: per position the top-k logprobs and tail mass, decode steps, recall answers, identity."""
-    from speedtrap.probe import DivergenceSettings, RecallSettings, record
+    from speedtrap.probe import DivergenceSettings, RecallSettings, RepeatSettings, record, run_repeat
 
     if probe not in PROBES:
         raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
@@ -109,6 +114,12 @@ def record_cmd(
         rec = replace(rec, **rchanges)
     backend = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
     recording = record(backend, out, divergence=div, recall=rec, resume=resume, progress=True, target=target)
+    if floor:  # the same server, still up: its own noise, stored where every check against it finds it
+        settings = RepeatSettings.quick() if quick else RepeatSettings()
+        if div is not None:
+            settings = replace(settings, lengths=div.lengths, top_k=div.top_k, seed=div.seed)
+        store_floor(out, run_repeat(backend, settings, progress=True))
+        recording = load_recording(out)
     summary = recording.summary()
     if json:
         emit_json(summary)
@@ -233,8 +244,12 @@ def check_callback(
     from speedtrap.probe import resolve_settings
     from speedtrap.regress import DEFAULT_BOUNDS, Bound, junit_xml
 
-    bounds = [Bound.parse(b) for b in (bound or DEFAULT_BOUNDS)]
     recording = load_recording(against)
+    bounds = [Bound.parse(b) for b in (bound or DEFAULT_BOUNDS)]
+    noise = recording.floor
+    if not bound and noise is not None and "divergence" in recording.kinds:
+        bounds = [Bound("worst.kl_p99", "<=", noise.bound("worst.kl_p99"))]
+        err_console.print(f"verdict: {noise.describe('worst.kl_p99')} (stored with the recording)", highlight=False)
     kinds = recording.kinds if probe == "all" else [probe]
     for kind in kinds:
         resolve_settings(recording, kind, None)

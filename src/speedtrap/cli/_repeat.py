@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -57,10 +58,17 @@ def repeat_cmd(
     retries: RetriesOpt = 4,
     api: ApiOpt = "openai",
     quick: QuickOpt = False,
+    into: Annotated[
+        Path | None,
+        typer.Option("--into", help="Store the floor in this recording (its checks then derive their bound from it)."),
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Send the same teacher-forced requests again, alone and in a batch: the noise floor, and what repeats change."""
-    from speedtrap.probe import InProcessBackend, RepeatSettings, run_repeat
+    from speedtrap.probe import InProcessBackend, RepeatSettings, read_recording, run_repeat
+
+    if into is not None:
+        read_recording(into)  # a bad recording is one line now, before any request
 
     settings = RepeatSettings.quick() if quick else RepeatSettings()
     changes: dict[str, Any] = {}
@@ -83,10 +91,20 @@ def repeat_cmd(
         report = run_repeat(backend, settings, progress=True)
     finally:
         asyncio.run(_close(backend))
+    if into is not None:
+        store_floor(into, report)
     if json:
         emit_json(report.to_json())
         return
     print_repeat(report)
+
+
+def store_floor(path: Path, report: RepeatReport) -> None:
+    """Append the floor to a recording: checks and bisections against it derive their bound from it."""
+    from speedtrap.probe import add_extension
+
+    add_extension(path, "floor", report.floor.to_json())
+    err_console.print(f"stored the noise floor in {path} ({report.floor.describe()})", highlight=False)
 
 
 def print_repeat(report: RepeatReport) -> None:

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from speedtrap._errors import ManifestError
+from speedtrap._errors import ManifestError, UsageError
 from speedtrap._toml import read_manifest_toml
 from speedtrap.isolate._fields import integer, no_unknown, number, resolve, str_list, str_table, table
 from speedtrap.isolate._spec import (
@@ -385,13 +385,11 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
     direction = raw.get("direction", "below" if metric.endswith(("accuracy", "same_top1")) else "above")
     if direction not in DIRECTIONS:
         raise ManifestError(f"verdict.direction {direction!r} must be above or below", 'write direction = "above"')
-    if rule == "threshold" and "bound" not in raw:
-        raise ManifestError(
-            "verdict.bound is missing", "write bound = <the value a passing configuration stays within>"
-        )
     near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
     if near >= 1:
         raise ManifestError("verdict.near must be below 1 (a relative band around the bound)", "write near = 0.25")
+    if rule == "threshold" and "bound" not in raw:
+        return _recorded_floor_verdict(raw, probe, metric, direction, near)
     return VerdictSpec(
         rule=rule,
         metric=metric,
@@ -401,3 +399,30 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
         repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
         margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
     )
+
+
+def _recorded_floor_verdict(
+    raw: Mapping[str, Any], probe: ProbeSpec, metric: str, direction: str, near: float
+) -> VerdictSpec:
+    """No ``verdict.bound``: derived from the noise floor stored in the reference recording, if any."""
+    from speedtrap.probe import DEFAULT_MARGIN, read_recording
+
+    floor = read_recording(Path(probe.reference)).floor if probe.reference not in REFERENCE_MODES else None
+    if floor is None:
+        raise ManifestError(
+            "verdict.bound is missing",
+            "write bound = <the value a passing configuration stays within>, or point probe.reference at a "
+            "recording that holds a noise floor (speedtrap record --floor)",
+        )
+    if direction != "above":
+        raise ManifestError("a noise floor bounds a figure that fails above", 'write direction = "above" or a bound')
+    try:
+        bound, origin = floor.bound(metric, DEFAULT_MARGIN), floor.describe(metric, DEFAULT_MARGIN)
+    except UsageError as exc:
+        raise ManifestError(exc.problem, exc.fix) from None
+    return VerdictSpec(
+        rule="threshold", metric=metric, bound=bound, direction=direction, near=near,
+        repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
+        margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+        origin=f"{origin}, stored with {Path(probe.reference).name}",
+    )  # fmt: skip

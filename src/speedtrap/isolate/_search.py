@@ -15,19 +15,22 @@ the judge (which checks the trial store, then runs the probe). The passes are pl
    there = *masked*: other patches fix it, which are then found); each pair of sets is tested
    together among the rest (passes = *cancel*: correct only together, not two culprits).
 
-The plan (``plan="auto"``) is picked from n: with n <= ceil(log2 n) + 2 (n <= 5) bisection cannot
-pay, and every failing context is scanned one patch at a time instead (the *singles* plan: the
-patches alone, in order, stopping at the first that fails; the next context may then pass at
-once). Bisection itself switches to patches alone inside a span of r patches once at most
-ceil(log2 r) + 1 of them are untested: that many trials would go to split points and a
-confirmation, while a patch tested alone is a trial the one-at-a-time plan makes too.
-
-Bounds. The naive plan tests the baseline, the full set and every patch alone, then what the
-conclusion needs: everything but the culprits, and with two or more sets each set among the rest
-and each pair among the rest. The singles plan makes only those trials plus, for k >= 4 sets,
-at most k - 3 contexts the naive plan would not (one per set found after the third), so for
-k <= 3 it never exceeds the naive count. The bisect plan's worst case for k single culprits is
-k * (ceil(log2 n) + 3) + 1; benchmarks/bench_isolate.py measures both against the naive plan.
+The plan (``plan="auto"``): with capacity 1 and up to 64 patches, every trial inside a failing
+context is the one a minimax table picks (``_policy``: the patch alone or a prefix, from how many
+patches of the span and after it are still unknown and how many culprits are found). The table
+keeps, for up to three single culprits on a monotone stack, every placement within the naive
+plan's count: the baseline, the full set, every patch alone, then what the conclusion needs
+(everything but the culprits, and with two or more sets each set among the rest and each pair
+among the rest); the contexts this search tests between culprits are among those checks. For
+n >= 12 a single culprit costs ceil(log2 n) + 1 trials besides those, as bisection does; for
+n <= 8 the table's worst case for one culprit is n (the naive plan's), because no plan can keep
+three culprits within the naive count otherwise (the module ``_policy`` says why). With capacity
+above 1 (several trials per round) or more patches, the *bisect* plan: split points by prior
+weight, and patches alone inside a span of r patches once at most ceil(log2 r) + 1 of them are
+untested. The *singles* plan scans every failing context one patch at a time. A patch measured
+to fail alone is never bisected for; a span whose unknown patches all pass alone (a set that
+fails only together) is bisected by position. benchmarks/bench_isolate.py measures the plans
+against the naive plan, ddmin and the search before issue 17.
 
 Pass verdicts are extended to subsets (monotonicity) only to skip trials inside discovery; the
 checks in step 3 test the configurations that monotonicity would otherwise assume. With capacity
@@ -42,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from speedtrap._errors import UsageError
+from speedtrap.isolate._policy import MAX_PATCHES, policy_for
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
     Config,
@@ -54,7 +58,7 @@ from speedtrap.isolate._results import (
     Verdict,
 )
 
-PLANS = ("auto", "bisect", "singles")
+PLANS = ("auto", "table", "bisect", "singles")
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
 Ahead = Callable[[list[str]], list[list[str]]]
@@ -98,7 +102,11 @@ class Search:
         self.weights = {n: 1.0 / (ranks[n] + 1) ** 2 if prior else 1.0 for n in self.order}
         self._pos = ranks
         self._found = 0
-        self.plan = _pick_plan(len(self.order)) if plan == "auto" else plan
+        self.plan = _pick_plan(len(self.order), self.capacity) if plan == "auto" else plan
+        self._policy = policy_for(len(self.order), bool(prior)) if self.plan == "table" else None
+        self._spent = 0  # trials the table's plan has made (patches alone and prefixes)
+        if self.plan == "table" and self._policy is None:
+            self.plan = "bisect"
 
     # ------------------------------------------------------------------------------------------
     # The one gate.
@@ -279,7 +287,22 @@ class Search:
             if hi - lo <= 1:
                 break
             self._report(hi - lo, "bisect")
-            if infer and not base and self._singles_pay(cands[lo:hi]):
+            if infer and not base and self._policy is not None:
+                step = self._table_step(cands, lo, hi)
+                if step is None:
+                    pass  # every patch of the span passes alone: a set that fails only together, by position
+                elif step[0] == "culprit":
+                    return step[1]
+                elif step[0] == "pass":
+                    continue
+                else:
+                    point = step[1]
+                    if wanted(self.consider(base + cands[:point])):
+                        hi = point
+                    else:
+                        lo = point
+                    continue
+            if infer and not base and self.plan == "bisect" and self._singles_pay(cands[lo:hi]):
                 single = self._scan_singles(cands[lo:hi])
                 if single is not None:
                     return cands.index(single) + 1
@@ -295,6 +318,29 @@ class Search:
             lo = max([p for p, j in zip(points, judgements, strict=True) if not wanted(j) and p < hi] + [lo])
         self._report(1, "bisect")
         return hi
+
+    def _table_step(self, cands: list[str], lo: int, hi: int) -> tuple[str, int] | None:
+        """One trial the minimax table picks inside the failing span ``cands[lo:hi]``.
+
+        ("culprit", i): cands[i - 1] failed alone; ("pass", 0): the patch tested alone passed;
+        ("point", p): the table wants the prefix cands[:p] tested (the caller tests it); None: no
+        patch of the span has an unknown verdict alone.
+        """
+        assert self._policy is not None
+        unknown = set(self._untested_singles(cands))
+        span = [i for i in range(lo, hi) if cands[i] in unknown]
+        if not span:
+            return None
+        after = sum(1 for i in range(hi, len(cands)) if cands[i] in unknown)
+        weights = [self.weights.get(cands[i], 1.0) for i in span]
+        s = self._policy.step(len(span), after, self._found, self._spent, weights)
+        self._spent += 1
+        if s <= 1 or len(span) == 1:
+            first = cands[span[0]]
+            if self.consider([first]).verdict is Verdict.FAIL:
+                return ("culprit", span[0] + 1)
+            return ("pass", 0)
+        return ("point", span[s - 1] + 1)
 
     def _singles_pay(self, span: list[str]) -> bool:
         """Whether testing ``span``'s patches alone costs no more trials than bisecting it and confirming.
@@ -546,12 +592,9 @@ def _passes(j: Judgement) -> bool:
     return j.verdict is Verdict.PASS
 
 
-def _pick_plan(n: int) -> str:
-    """One at a time when bisection cannot pay: finding and confirming one culprit by bisection takes
-    ceil(log2 n) + 1 trials, which saves at most one trial over testing each patch alone when
-    n <= ceil(log2 n) + 2 (n <= 5), while one at a time never exceeds the naive plan for any number
-    of culprits (see the module docstring)."""
-    return "singles" if n <= math.ceil(math.log2(max(n, 1))) + 2 else "bisect"
+def _pick_plan(n: int, capacity: int) -> str:
+    """The minimax table when it applies (one trial per round, n within its size), else bisection."""
+    return "table" if capacity == 1 and 1 <= n <= MAX_PATCHES else "bisect"
 
 
 def _status(verdict: Verdict) -> Status:

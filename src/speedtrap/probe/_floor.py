@@ -21,6 +21,7 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.probe._stats import KLStats
 
+GZIP_MAGIC = b"\x1f\x8b"  # a recording (gzip JSON records), not a floor file
 DEFAULT_MARGIN = 0.1  # nats: the fixed default bound (worst phase's p99 KL) the floor replaces
 KL_FIGURES = ("kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max")
 
@@ -87,8 +88,11 @@ class NoiseFloor:
 
 
 def load_floor(path: Path) -> NoiseFloor:
-    """A floor from a file: the ``floor`` of ``speedtrap probe repeat --json`` output, or the floor alone."""
+    """A floor from a file: the ``floor`` of ``speedtrap probe repeat --json`` output, the floor alone,
+    or a recording that holds one (``speedtrap record --floor``, ``probe repeat --into``)."""
     try:
+        if path.read_bytes()[:2] == GZIP_MAGIC:
+            return _recorded_floor(path)
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(
@@ -104,3 +108,14 @@ def load_floor(path: Path) -> NoiseFloor:
         return NoiseFloor.from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UsageError(f"{path} holds no noise floor", "write it with speedtrap probe repeat --json") from None
+
+
+def _recorded_floor(path: Path) -> NoiseFloor:
+    from speedtrap.probe._recording import read_recording  # the recording module reads floors too
+
+    floor = read_recording(path).floor
+    if floor is None:
+        raise UsageError(
+            f"the recording {path} holds no noise floor", f"store one: speedtrap probe repeat --into {path}"
+        )
+    return floor

@@ -17,6 +17,7 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.probe._backend import Backend
 from speedtrap.probe._divergence import DivergenceSettings
+from speedtrap.probe._floor import NoiseFloor
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._recall import RecallSample, RecallSettings
@@ -202,6 +203,7 @@ class Recording:
             str(header.get("created", "")), str(header.get("speedtrap", "")), hashlib.sha256(data).hexdigest(), data,
         )  # fmt: skip
         recording._check_counts(where)
+        _ = recording.floor  # an invalid floor is found on load, not when a verdict needs it
         return recording
 
     def _check_counts(self, where: str) -> None:
@@ -214,6 +216,19 @@ class Recording:
             want_n = len(self.recall.lengths) * len(self.recall.depths) * self.recall.samples
             if len({s.id for s in self.samples}) != want_n:
                 raise RecordingError(f"{where} holds {len(self.samples)} recall samples, not {want_n}", RECORD_FIX)
+
+    @property
+    def floor(self) -> NoiseFloor | None:
+        """The reference stack's noise floor, when it was stored with the recording (``record --floor``)."""
+        data = self.extensions.get("floor")
+        if data is None:
+            return None
+        try:
+            return NoiseFloor.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise RecordingError(
+                f"{self.path} holds an invalid noise floor", "store it again: speedtrap probe repeat --into FILE"
+            ) from None
 
     @property
     def kinds(self) -> list[str]:
