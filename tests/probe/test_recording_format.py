@@ -22,6 +22,8 @@ from speedtrap.cli import app
 from speedtrap.probe import (
     DivergenceSettings,
     Identity,
+    KLStats,
+    NoiseFloor,
     Recording,
     RecordingError,
     TokenDist,
@@ -110,10 +112,16 @@ def test_text_pieces_are_kept_as_a_table(tmp_path: Path) -> None:
 
 def test_extension_point_keeps_a_floor_and_unknown_names(tmp_path: Path) -> None:
     path = write_recording(tmp_path / "r.strec")
-    add_extension(path, "floor", {"decode.kl_p99": 1e-5})
+    stats = KLStats.of([0.0, 1e-5], [True, True], [])
+    floor = NoiseFloor(stats, stats, stats, exact=False, source="http://gpu:8000")
+    add_extension(path, "floor", floor.to_json())
     add_extension(path, "something-newer", [1, 2])
     rec = read_recording(path)
-    assert rec.extensions == {"floor": {"decode.kl_p99": 1e-5}, "something-newer": [1, 2]}
+    assert rec.extensions == {"floor": floor.to_json(), "something-newer": [1, 2]}
+    assert rec.floor is not None and rec.floor.to_json() == floor.to_json()
+    add_extension(path, "floor", {"decode.kl_p99": 1e-5})  # not a floor: refused on load, in one line
+    with pytest.raises(RecordingError, match="invalid noise floor"):
+        read_recording(path)
 
 
 @pytest.mark.parametrize("cut", [0.3, 0.6, 0.95])
