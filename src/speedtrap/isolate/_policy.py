@@ -26,8 +26,8 @@ fewest trials expected when the round's culprit is anywhere in the span with equ
 
 What that gives (benchmarks/bench_isolate.py and tests/isolate/test_isolate_plan.py count it on
 every placement): for up to three single culprits the search never spends more trials than the
-naive plan; for n >= 12 a single culprit costs ceil(log2 n) + 1 of them, as plain bisection does.
-For n <= 8 no plan can do both: keeping three culprits within the naive count forces a single
+naive plan; for n >= 11 a single culprit costs ceil(log2 n) + 1 of them, as plain bisection does
+(n = 10: 6). For n <= 9 no plan can do both: keeping three culprits within the naive count forces a single
 culprit's worst case to n trials (the table's own minimax, over plans that test a patch alone or
 a prefix; the search before issue 17 found one culprit in about log2(n) + 1 trials and went over
 the naive count with two or three). Past ``MAX_SETS`` culprits the table still

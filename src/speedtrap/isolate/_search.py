@@ -22,9 +22,10 @@ keeps, for up to three single culprits on a monotone stack, every placement with
 plan's count: the baseline, the full set, every patch alone, then what the conclusion needs
 (everything but the culprits, and with two or more sets each set among the rest and each pair
 among the rest); the contexts this search tests between culprits are among those checks. For
-n >= 12 a single culprit costs ceil(log2 n) + 1 trials besides those, as bisection does; for
-n <= 8 the table's worst case for one culprit is n (the naive plan's), because no plan can keep
-three culprits within the naive count otherwise (the module ``_policy`` says why). With capacity
+n >= 11 a single culprit costs ceil(log2 n) + 1 trials besides those, as bisection does; for
+n <= 9 the table's worst case for one culprit is n (the naive plan's), because no plan can keep
+three culprits within the naive count otherwise, of the plans that test patches alone and
+prefixes (the module ``_policy`` says why). With capacity
 above 1 (several trials per round) or more patches, the *bisect* plan: split points by prior
 weight, and patches alone inside a span of r patches once at most ceil(log2 r) + 1 of them are
 untested. The *singles* plan scans every failing context one patch at a time. A patch measured
