@@ -38,7 +38,7 @@ def launches(names: Sequence[str], bad: Sequence[str], plan: str = "auto", prior
 
     result = Search(list(names), judge, plan=plan, prior=prior).run()
     assert {c.patches for c in result.culprits} == {(b,) for b in bad}
-    assert not result.interactions
+    assert not result.interactions and not result.notes  # the trial limit is far away on a monotone stack
     return len(seen)
 
 
@@ -115,3 +115,23 @@ def test_single_culprits_among_many_stay_near_log2_n_plus_3() -> None:
         names = [f"p{i:02d}" for i in range(n)]
         worst = max(launches(names, (c,)) for c in names)
         assert worst <= math.ceil(math.log2(n)) + 4, (n, worst)
+
+
+@pytest.mark.parametrize("n", [8, 16, 32])
+def test_a_stack_with_countless_minimal_sets_stops_at_the_trial_limit(n: int) -> None:
+    """The stack fails whenever half of the patches or more are on (say, a memory budget): every half is a
+    minimal failing set, far too many to list. Discovery stops at 2n + 20 configurations, says so, and
+    skips the interaction checks; only the check of everything but the sets it found follows."""
+    names = [f"p{i:02d}" for i in range(n)]
+    seen: set[tuple[str, ...]] = set()
+
+    def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
+        seen.update(configs)
+        return [Judgement(c, Verdict.FAIL if len(c) >= n // 2 else Verdict.PASS) for c in configs]
+
+    search = Search(names, judge)
+    result = search.run()
+    assert search.max_trials == 2 * n + 20
+    assert any("stopped searching after" in note for note in result.notes), result.notes
+    assert len(seen) <= search.max_trials + 1
+    assert all(len(c.patches) == n // 2 for c in result.culprits) and result.culprits

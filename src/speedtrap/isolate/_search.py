@@ -86,6 +86,7 @@ class Search:
         progress: Callable[[SearchProgress], None] | None = None,
         recheck: Callable[[Config], Judgement] | None = None,
         plan: str = "auto",
+        max_trials: int | None = None,
     ) -> None:
         if plan not in PLANS:
             raise UsageError(f"search plan must be one of {', '.join(PLANS)}, got {plan!r}", "pass plan='auto'")
@@ -106,6 +107,11 @@ class Search:
         self.plan = _pick_plan(len(self.order), self.capacity) if plan == "auto" else plan
         self._policy = policy_for(len(self.order), bool(prior)) if self.plan == "table" else None
         self._spent = 0  # trials the table's plan has made (patches alone and prefixes)
+        # Discovery stops at this many configurations (noisy verdicts that contradict each other can
+        # otherwise send it after ever more "sets"); the checks of what it found still run.
+        # With spare slots, look-ahead configurations fill the memo too: the limit counts rounds' worth.
+        self.max_trials = max_trials if max_trials is not None else (2 * len(self.order) + 20) * self.capacity
+        self._discovering = False
         if self.plan == "table" and self._policy is None:
             self.plan = "bisect"
 
@@ -130,6 +136,8 @@ class Search:
                 self._remember(Judgement(c, Verdict.SKIPPED, note=f"{clash[0]} conflicts with {clash[1]}"))
             else:
                 todo.append(c)
+        if todo and self._discovering and len(self.memo) >= self.max_trials:
+            raise _OverBudget
         for start in range(0, len(todo), self.capacity):
             for judgement in self._judge(todo[start : start + self.capacity]):
                 self._remember(judgement)
@@ -182,11 +190,23 @@ class Search:
             return self._stop(
                 _status(full.verdict), f"the full set's verdict is {full.verdict.value}: cannot search{why}"
             )
-        found = self._discover(order)
+        found: list[Config] = []
+        self._discovering = True
+        try:
+            self._discover(order, found)
+        except _OverBudget:
+            self.notes.append(
+                f"stopped searching after {len(self.memo)} configurations (the limit): "
+                "the verdicts may contradict each other (noise near the bound?); more culprit sets may remain, "
+                "and the interaction checks were skipped"
+            )
+            self.check_interactions = False
+        finally:
+            self._discovering = False
         return self._conclude(order, found)
 
-    def _discover(self, order: list[str]) -> list[Config]:
-        found: list[Config] = []
+    def _discover(self, order: list[str], found: list[Config]) -> None:
+        """Append every minimal failing set found to ``found`` (kept there if the trial limit stops it)."""
         for _ in range(2 * len(order) + 2):
             contexts = []
             for hitting in minimal_transversals([set(m) for m in found], self._pos):
@@ -222,11 +242,10 @@ class Search:
                     new = m
                     break
             if new is None:
-                return found
+                return
             found.append(new)
             self._found = len(found)
         self.notes.append("stopped after the round limit: there may be more culprit sets")
-        return found
 
     def _failing_single(self, ctx: list[str], found: list[Config]) -> list[str] | None:
         for p in ctx:
@@ -572,6 +591,10 @@ class Search:
 
 class _Evaporated(Exception):
     """A fail the search was following did not hold when measured again."""
+
+
+class _OverBudget(Exception):
+    """Discovery reached its trial limit."""
 
 
 def _interleave(a: list[list[str]], b: list[list[str]]) -> list[list[str]]:
