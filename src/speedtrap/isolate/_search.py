@@ -33,6 +33,10 @@ to fail alone is never bisected for; a span whose unknown patches all pass alone
 fails only together) is bisected by position. benchmarks/bench_isolate.py measures the plans
 against the naive plan, ddmin and the search before issue 17.
 
+Discovery stops at ``max_trials`` configurations (2n + 20 per trial slot): verdicts that contradict
+each other (noise near the bound, or a stack with countless minimal sets) would otherwise keep it
+finding new "sets"; the result then says so and the interaction checks are skipped.
+
 Pass verdicts are extended to subsets (monotonicity) only to skip trials inside discovery; the
 checks in step 3 test the configurations that monotonicity would otherwise assume. With capacity
 above 1 the bisection tests several split points per round; with capacity 1 it tests exactly one.
