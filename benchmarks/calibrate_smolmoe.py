@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibrate_smolmoe.py \
         --grid 0.75:2.5:3 0.95:2.25:3 --lengths 128 512 1024 --samples 3
 
-Each grid entry is ``routed_fraction:routed_scaling_factor:num_hash_layers``. For each, smol-moe is
+Each grid entry is ``routed_fraction:routed_scaling_factor:num_hash_layers[:seed]`` (the seed of the
+conversion's neuron split, routers and hyper-connections; default 0). For each, smol-moe is
 built with that config (unpatched it computes the dense model's function, whatever the values), and
 speedtrap's own recall probe (the conversations the demo uses) runs with ``hash_topk_routed_scaling``
 on; the baseline runs once. The patch multiplies the routed experts' output by the factor a second
@@ -25,6 +26,7 @@ from speedtrap.probe import InProcessBackend, RecallReport, RecallSettings, run_
 from speedtrap.targets.smolmoe import SmolMoETarget
 
 PATCH = "hash_topk_routed_scaling"
+ENTRY_KEYS = ("routed_fraction", "routed_scaling_factor", "num_hash_layers", "seed")
 
 
 def by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
@@ -58,7 +60,9 @@ def measure(overrides: dict[str, str], patches: list[str], settings: RecallSetti
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", nargs="+", default=["0.75:2.5:3"], help="routed_fraction:factor:hash_layers ...")
+    parser.add_argument(
+        "--grid", nargs="+", default=["0.75:2.5:3"], help="routed_fraction:factor:hash_layers[:seed] ..."
+    )
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 1024])
     parser.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.5, 0.9])
     parser.add_argument("--samples", type=int, default=2, help="conversations per (length, depth)")
@@ -83,8 +87,7 @@ def main() -> None:
         print(f"{'baseline':<24}{cells}  -     {time.perf_counter() - t0:.0f}", flush=True)
         rows.append({"config": "baseline", "report": report.to_json()})
     for entry in args.grid:
-        fraction, factor, layers = entry.split(":")
-        overrides = {"routed_fraction": fraction, "routed_scaling_factor": factor, "num_hash_layers": layers}
+        overrides = dict(zip(ENTRY_KEYS, entry.split(":"), strict=False))
         t0 = time.perf_counter()
         report = measure(overrides, [PATCH], settings)
         bug = by_length(report)
