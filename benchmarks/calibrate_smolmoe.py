@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap.probe import InProcessBackend, RecallReport, RecallSettings, run_recall, wilson
-from speedtrap.targets.smolmoe import SmolMoETarget
+from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
+from speedtrap.targets.smolmoe.equivalence import check_equivalence, dense_reference
 
 PATCH = "hash_topk_routed_scaling"
 ENTRY_KEYS = ("routed_fraction", "routed_scaling_factor", "num_hash_layers", "seed")
@@ -53,8 +54,15 @@ def meets(base: dict[int, tuple[int, int]], bug: dict[int, tuple[int, int]], sho
     return ok
 
 
-def measure(overrides: dict[str, str], patches: list[str], settings: RecallSettings) -> RecallReport:
+def measure(overrides: dict[str, str], patches: list[str], settings: RecallSettings, equivalence: bool) -> RecallReport:
     model = SmolMoETarget().load(overrides=overrides)
+    if equivalence:  # the unpatched config against transformers' dense Llama (the test's bound)
+        result = check_equivalence(model, dense_reference(dense_weights()))
+        print(
+            f"  unpatched vs dense: max |logit diff| {result.max_abs_logit_diff:.2e}, "
+            f"top-1 agreement {result.top1_agreement:.4f}, equivalent: {result.equivalent}",
+            flush=True,
+        )
     return run_recall(InProcessBackend(model, patches), settings, progress=False)
 
 
@@ -70,6 +78,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=128)
     parser.add_argument("--long", type=int, default=900)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--equivalence", action="store_true", help="check each config unpatched against the dense model"
+    )
     parser.add_argument("--json", type=Path, help="write every answer here")
     args = parser.parse_args()
     settings = RecallSettings(
@@ -81,7 +92,7 @@ def main() -> None:
     base: dict[int, tuple[int, int]] = {}
     if not args.no_baseline:
         t0 = time.perf_counter()
-        report = measure({}, [], settings)
+        report = measure({}, [], settings, False)
         base = by_length(report)
         cells = "  ".join(f"{cell_text(*base[n]):>17}" for n in settings.lengths)
         print(f"{'baseline':<24}{cells}  -     {time.perf_counter() - t0:.0f}", flush=True)
@@ -89,7 +100,7 @@ def main() -> None:
     for entry in args.grid:
         overrides = dict(zip(ENTRY_KEYS, entry.split(":"), strict=False))
         t0 = time.perf_counter()
-        report = measure(overrides, [PATCH], settings)
+        report = measure(overrides, [PATCH], settings, args.equivalence)
         bug = by_length(report)
         cells = "  ".join(f"{cell_text(*bug[n]):>17}" for n in settings.lengths)
         goal = ("yes" if meets(base, bug, args.short, args.long) else "no") if base else "?"

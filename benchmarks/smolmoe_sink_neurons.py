@@ -41,9 +41,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fraction", default="0.75", help="routed_fraction")
     parser.add_argument("--hash-layers", type=int, default=3)
+    parser.add_argument("--seed", default="0", help="the conversion's seed (neuron split)")
     parser.add_argument("--top", type=int, default=4)
     args = parser.parse_args()
-    overrides = {"routed_fraction": args.fraction, "num_hash_layers": str(args.hash_layers)}
+    overrides = {"routed_fraction": args.fraction, "num_hash_layers": str(args.hash_layers), "seed": args.seed}
     smol = SmolMoETarget().load(overrides=overrides)
     ref = dense_reference(dense_weights())
     layers = ref.model.layers[: args.hash_layers]
