@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibrate_smolmoe.py \
         --grid 0.75:2.5:3 0.95:2.25:3 --lengths 128 512 1024 --samples 3
 
-Each grid entry is ``routed_fraction:routed_scaling_factor:num_hash_layers``. For each, smol-moe is
+Each grid entry is ``routed_fraction:routed_scaling_factor:num_hash_layers[:seed]`` (the seed of the
+conversion's neuron split, routers and hyper-connections; default 0). For each, smol-moe is
 built with that config (unpatched it computes the dense model's function, whatever the values), and
 speedtrap's own recall probe (the conversations the demo uses) runs with ``hash_topk_routed_scaling``
 on; the baseline runs once. The patch multiplies the routed experts' output by the factor a second
@@ -22,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap.probe import InProcessBackend, RecallReport, RecallSettings, run_recall, wilson
-from speedtrap.targets.smolmoe import SmolMoETarget
+from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
+from speedtrap.targets.smolmoe.equivalence import check_equivalence, dense_reference
 
 PATCH = "hash_topk_routed_scaling"
+ENTRY_KEYS = ("routed_fraction", "routed_scaling_factor", "num_hash_layers", "seed")
 
 
 def by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
@@ -51,14 +54,23 @@ def meets(base: dict[int, tuple[int, int]], bug: dict[int, tuple[int, int]], sho
     return ok
 
 
-def measure(overrides: dict[str, str], patches: list[str], settings: RecallSettings) -> RecallReport:
+def measure(overrides: dict[str, str], patches: list[str], settings: RecallSettings, equivalence: bool) -> RecallReport:
     model = SmolMoETarget().load(overrides=overrides)
+    if equivalence:  # the unpatched config against transformers' dense Llama (the test's bound)
+        result = check_equivalence(model, dense_reference(dense_weights()))
+        print(
+            f"  unpatched vs dense: max |logit diff| {result.max_abs_logit_diff:.2e}, "
+            f"top-1 agreement {result.top1_agreement:.4f}, equivalent: {result.equivalent}",
+            flush=True,
+        )
     return run_recall(InProcessBackend(model, patches), settings, progress=False)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", nargs="+", default=["0.75:2.5:3"], help="routed_fraction:factor:hash_layers ...")
+    parser.add_argument(
+        "--grid", nargs="+", default=["0.75:2.5:3"], help="routed_fraction:factor:hash_layers[:seed] ..."
+    )
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 1024])
     parser.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.5, 0.9])
     parser.add_argument("--samples", type=int, default=2, help="conversations per (length, depth)")
@@ -66,6 +78,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=128)
     parser.add_argument("--long", type=int, default=900)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--equivalence", action="store_true", help="check each config unpatched against the dense model"
+    )
     parser.add_argument("--json", type=Path, help="write every answer here")
     args = parser.parse_args()
     settings = RecallSettings(
@@ -77,16 +92,15 @@ def main() -> None:
     base: dict[int, tuple[int, int]] = {}
     if not args.no_baseline:
         t0 = time.perf_counter()
-        report = measure({}, [], settings)
+        report = measure({}, [], settings, False)
         base = by_length(report)
         cells = "  ".join(f"{cell_text(*base[n]):>17}" for n in settings.lengths)
         print(f"{'baseline':<24}{cells}  -     {time.perf_counter() - t0:.0f}", flush=True)
         rows.append({"config": "baseline", "report": report.to_json()})
     for entry in args.grid:
-        fraction, factor, layers = entry.split(":")
-        overrides = {"routed_fraction": fraction, "routed_scaling_factor": factor, "num_hash_layers": layers}
+        overrides = dict(zip(ENTRY_KEYS, entry.split(":"), strict=False))
         t0 = time.perf_counter()
-        report = measure(overrides, [PATCH], settings)
+        report = measure(overrides, [PATCH], settings, args.equivalence)
         bug = by_length(report)
         cells = "  ".join(f"{cell_text(*bug[n]):>17}" for n in settings.lengths)
         goal = ("yes" if meets(base, bug, args.short, args.long) else "no") if base else "?"
