@@ -79,12 +79,19 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=900)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument(
+        "--shared-prefix", action="store_true", help="one conversation holds a fact per depth (its questions share it)"
+    )
+    parser.add_argument(
         "--equivalence", action="store_true", help="check each config unpatched against the dense model"
     )
     parser.add_argument("--json", type=Path, help="write every answer here")
     args = parser.parse_args()
     settings = RecallSettings(
-        lengths=tuple(args.lengths), depths=tuple(args.depths), samples=args.samples, seed=args.seed
+        lengths=tuple(args.lengths),
+        depths=tuple(args.depths),
+        samples=args.samples,
+        seed=args.seed,
+        shared_prefix=args.shared_prefix,
     )
     rows: list[dict[str, Any]] = []
     lengths = "  ".join(f"{n:>17}" for n in settings.lengths)

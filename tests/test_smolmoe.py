@@ -13,7 +13,7 @@ import torch
 from speedtrap._errors import PatchError, TargetError, UsageError
 from speedtrap.patching import GateKind, Phase
 from speedtrap.targets._base import InProcessModel
-from speedtrap.targets.smolmoe import SOURCE_DIR, build_patches, dense_weights, load_dense
+from speedtrap.targets.smolmoe import SOURCE_DIR, SmolMoEConfig, build_patches, dense_weights, load_dense
 from speedtrap.targets.smolmoe.equivalence import (
     MAX_ABS_LOGIT_DIFF_BOUND,
     EquivalenceResult,
@@ -86,7 +86,7 @@ def test_eight_patches_with_full_facts() -> None:
         assert p.info.layers or p.info.scope == "lm_head (after the last layer)"
     by = {p.info.name: p.info for p in patches}
     assert by["hash_topk_routed_scaling"].gate.kind is GateKind.CONFIG
-    assert by["hash_topk_routed_scaling"].layers == (0, 1, 2)
+    assert by["hash_topk_routed_scaling"].layers == tuple(range(SmolMoEConfig().num_hash_layers)) == tuple(range(6))
     assert 'assert not apply_routed_scaling_factor_on_output, "not implemented"' in by["hash_topk_routed_scaling"].diff
     assert by["mhc_bf16_gemm"].layers == tuple(range(30))
     assert by["mhc_bf16_gemm"].phases == {Phase.PREFILL, Phase.DECODE}

@@ -7,13 +7,16 @@ import pytest
 from speedtrap._errors import UsageError
 from speedtrap.localize import check_scale
 from speedtrap.targets._base import InProcessModel
+from speedtrap.targets.smolmoe import SmolMoEConfig
 
 LAYERS = range(30)
+CONFIG = SmolMoEConfig()  # the shipped config the ``smol`` fixture loads
+HASH = set(range(CONFIG.num_hash_layers))  # the layers the seed bug patches, by construction
 
 
 def test_without_patches_the_factor_is_applied_once_in_every_layer(smol: InProcessModel, smol_ids: list[int]) -> None:
     result = check_scale(smol, smol_ids[:32])
-    assert result.nominal == 2.5
+    assert result.nominal == CONFIG.routed_scaling_factor
     assert result.times_by_layer() == {i: 1 for i in LAYERS}
     assert result.exactly_once
     unit = result.units[0]
@@ -28,7 +31,7 @@ def test_double_application_reports_two_in_exactly_the_patched_layers(
     patch = next(p for p in smol.catalog if p.info.name == "hash_topk_routed_scaling")
     result = check_scale(smol, smol_ids[:32], patches=["hash_topk_routed_scaling"])
     twice = {u.layer for u in result.units if u.times == 2}
-    assert twice == set(patch.info.layers) == {0, 1, 2}
+    assert twice == set(patch.info.layers) == HASH
     assert all(u.times == 1 for u in result.units if u.layer not in twice)
     layer0 = result.units[0]
     assert layer0.verdict == "applied twice"
@@ -44,9 +47,9 @@ def test_the_constructed_pair_is_correct_again_and_half_of_it_drops_the_factor(
 ) -> None:
     pair = check_scale(smol, smol_ids[:32], patches=["hash_topk_routed_scaling", "combine_without_routed_scaling"])
     assert pair.times_by_layer() == {i: 1 for i in LAYERS}
-    assert [p.module for p in pair.pinned] == ["layers.0.mlp", "layers.1.mlp", "layers.2.mlp"]
+    assert [p.module for p in pair.pinned] == [f"layers.{i}.mlp" for i in sorted(HASH)]
     half = check_scale(smol, smol_ids[:32], patches=["combine_without_routed_scaling"])
-    assert half.times_by_layer() == {i: (0 if i < 3 else 1) for i in LAYERS}
+    assert half.times_by_layer() == {i: (0 if i in HASH else 1) for i in LAYERS}
     assert half.units[0].verdict == "never applied (exponent 0)"
 
 

@@ -56,8 +56,8 @@ def test_baseline_recall_is_high_up_to_1024_tokens(grid_baseline: RecallReport) 
 
 @pytest.mark.slow
 def test_the_double_application_is_visibly_lower(smol: InProcessModel, grid_baseline: RecallReport) -> None:
-    """Facts told early in a 1,024-token conversation: the seed's symptom."""
-    settings = RecallSettings(lengths=(1024,), depths=(0.1,), samples=4, seed=0)
+    """Facts told early in a 1,280-token conversation (the calibrated long length): the seed's symptom."""
+    settings = RecallSettings(lengths=(1280,), depths=(0.1,), samples=4, seed=0)
     broken = run_recall(InProcessBackend(smol, ["hash_topk_routed_scaling"]), settings, progress=False)
     assert broken.overall.accuracy <= 0.25, broken.answers()
     assert grid_baseline.overall.accuracy - broken.overall.accuracy >= 0.6

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from speedtrap.pipeline import demo_settings
 from speedtrap.probe import InProcessBackend, RecallReport, RecallSettings, run_recall, wilson
 from speedtrap.targets._base import InProcessModel
 
 CULPRIT = "hash_topk_routed_scaling"
-SHORT, LONG = 128, 1024
-GRID = RecallSettings(lengths=(SHORT, LONG), depths=(0.1, 0.3, 0.5, 0.7, 0.9), samples=2)
+# The demo's grid: 10 questions at each of the two lengths smol-moe is calibrated at (README,
+# "Calibrating the seed bug's symptom"), so this is also what `speedtrap demo` shows.
+GRID = RecallSettings(**demo_settings().recall)
+SHORT, LONG = GRID.lengths
 
 
 def _by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
@@ -23,11 +26,6 @@ def _by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14's calibration is not reached: no config measured so far keeps short prompts and loses "
-    "long ones (README, 'Calibrating the seed bug's symptom'); remove this marker when one does",
-)
 def test_the_double_factor_loses_facts_in_long_prompts_only(smol: InProcessModel) -> None:
     base = _by_length(run_recall(InProcessBackend(smol), GRID, progress=False))
     bug = _by_length(run_recall(InProcessBackend(smol, [CULPRIT]), GRID, progress=False))

@@ -39,9 +39,9 @@ def test_the_evidence_chain_has_one_sentence_per_stage(data: ReportData) -> None
     assert "Teacher-forced divergence" in text
     assert "Isolation ran" in text and "it alone fails" in text
     # Localization, against the construction: the factor is applied twice in the hash-routed
-    # layers 0-2 only, so the first divergent module is in layer 0.
+    # layers 0-5 only (smol-moe's 6 hash layers), so the first divergent module is in layer 0.
     assert "first divergent module is `layers.0." in text
-    assert "layers 0-2: exponent ≈ 2.00, applied twice" in text
+    assert "layers 0-5: exponent ≈ 2.00, applied twice" in text
     assert "applied once" in text
 
 
@@ -57,8 +57,8 @@ def test_sections_hold_the_run(data: ReportData) -> None:
     (loc,) = data.localization
     assert loc.patches == (CULPRIT,) and loc.layers is not None and loc.scale is not None
     times = {r.layer: r.times for r in loc.scale.rows}
-    assert {layer: t for layer, t in times.items() if layer is not None and layer < 3} == {0: 2, 1: 2, 2: 2}
-    assert all(t == 1 for layer, t in times.items() if layer is not None and layer >= 3)
+    assert {layer: t for layer, t in times.items() if layer is not None and layer < 6} == dict.fromkeys(range(6), 2)
+    assert all(t == 1 for layer, t in times.items() if layer is not None and layer >= 6)
 
 
 def test_every_figure_is_listed_with_a_command(data: ReportData) -> None:

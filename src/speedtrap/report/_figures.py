@@ -87,6 +87,7 @@ def recall_by_length(runs: Sequence[RecallRun]) -> Figure:
     ax = fig.add_subplot()
     lengths: set[int] = set()
     others = iter(RUN_COLORS * 4)
+    placed: dict[tuple[int, float], int] = {}  # labels already at a point: equal cells stack downwards
     for k, run in enumerate(sorted(runs, key=lambda r: bool(r.patches))):
         rows = by_length(run)
         lengths |= {r.length for r in rows}
@@ -96,7 +97,9 @@ def recall_by_length(runs: Sequence[RecallRun]) -> Figure:
         color = "#2ca02c" if not run.patches else next(others)
         ax.errorbar(xs, ys, yerr=err, fmt="-o", ms=4, capsize=3, color=color, label=run.label)
         for x, y, r in zip(xs, ys, rows, strict=True):
-            ax.annotate(r.text(), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color=color)
+            below = placed.get((r.length, round(y, 3)), 0)
+            placed[(r.length, round(y, 3))] = below + 1
+            ax.annotate(r.text(), (x, y), xytext=(4, 4 - 9 * below), textcoords="offset points", fontsize=7, color=color)
     ax.set_xscale("log")
     ticks = sorted(lengths)
     from matplotlib.ticker import NullFormatter

@@ -24,9 +24,11 @@ class SmolMoEConfig:
     # DeepSeek-V4's shape on top of it.
     num_experts: int = 8
     top_k: int = 2
-    num_hash_layers: int = 3
-    routed_scaling_factor: float = 2.5
-    routed_fraction: float = 0.75  # share of the dense MLP's neurons that the routed experts hold
+    # Calibrated so that the seed bug (the factor applied twice, ``hash_topk_routed_scaling``) keeps
+    # facts in short prompts and loses them in long ones (README, "Calibrating the seed bug's symptom").
+    num_hash_layers: int = 6
+    routed_scaling_factor: float = 4.5
+    routed_fraction: float = 0.07  # share of the dense MLP's neurons that the routed experts hold
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 6
     seed: int = 0
