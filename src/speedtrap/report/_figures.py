@@ -97,9 +97,10 @@ def recall_by_length(runs: Sequence[RecallRun]) -> Figure:
         color = "#2ca02c" if not run.patches else next(others)
         ax.errorbar(xs, ys, yerr=err, fmt="-o", ms=4, capsize=3, color=color, label=run.label)
         for x, y, r in zip(xs, ys, rows, strict=True):
-            below = placed.get((r.length, round(y, 3)), 0)
-            placed[(r.length, round(y, 3))] = below + 1
-            ax.annotate(r.text(), (x, y), xytext=(4, 4 - 9 * below), textcoords="offset points", fontsize=7, color=color)
+            spot = (r.length, round(y, 3))
+            below = placed[spot] = placed.get(spot, -1) + 1
+            offset = (4, 4 - 9 * below)
+            ax.annotate(r.text(), (x, y), xytext=offset, textcoords="offset points", fontsize=7, color=color)
     ax.set_xscale("log")
     ticks = sorted(lengths)
     from matplotlib.ticker import NullFormatter
