@@ -64,7 +64,7 @@ def stable_key(*parts: Any) -> str:
 
 # The demo's recall grid: a short prompt and a long one, 10 questions each (5 depths x 2 conversations,
 # one fact each): the lengths smol-moe is calibrated at (benchmarks/calibrate_smolmoe.py, README), where
-# the seed bug keeps 10/10 short and 2/10 long, a Wilson interval apart from the baseline's 10/10.
+# the seed bug keeps 10/10 short and 1/10 long, a Wilson interval apart from the baseline's 10/10.
 DEMO_RECALL: dict[str, Any] = {"lengths": [128, 1280], "depths": [0.1, 0.3, 0.5, 0.7, 0.9], "samples": 2}
 
 

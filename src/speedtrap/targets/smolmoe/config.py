@@ -27,7 +27,7 @@ class SmolMoEConfig:
     # Calibrated so that the seed bug (the factor applied twice, ``hash_topk_routed_scaling``) keeps
     # facts in short prompts and loses them in long ones (README, "Calibrating the seed bug's symptom").
     num_hash_layers: int = 6
-    routed_scaling_factor: float = 4.5
+    routed_scaling_factor: float = 5.0
     routed_fraction: float = 0.07  # share of the dense MLP's neurons that the routed experts hold
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 6
