@@ -24,7 +24,13 @@ def test_tier_one_is_the_routed_scaling_and_mhc_bf16_patches(report: TriageRepor
     assert tier1 == {"hash_topk_routed_scaling", "mhc_bf16_gemm"}
     assert report.patches[0].name == "hash_topk_routed_scaling"
     for harmless in ("fused_rmsnorm", "moe_fused_experts", "chunked_prefill"):
-        assert next(p for p in report.patches if p.name == harmless).tier == 3
+        # Harmless by construction, but a new kernel is not proven equal on the AST: tier 2, not "same math".
+        p = next(p for p in report.patches if p.name == harmless)
+        assert p.tier == 2 and p.ranking.risk == 0
+        assert p.ranking.reasons[0].startswith(
+            "changes computation on the forward path; no known risky pattern matched: model.py:"
+        )
+    assert report.tier(3) == []
 
 
 def test_tier_one_reasons_are_named(report: TriageReport) -> None:
@@ -67,7 +73,7 @@ def test_the_plan_reads_like_an_engineers(report: TriageReport) -> None:
     assert "drift from fp32" in mhc and "speedtrap check equivalence --target smol-moe --patches mhc_bf16_gemm" in mhc
     assert "switch (env var)" in mhc
     ab = plan.split("## A/B: by a switch, or only by a rebuild", 1)[1]
-    assert "| `hash_topk_routed_scaling` | 1 |" in ab and "| `fused_rmsnorm` | 3 |" in ab
+    assert "| `hash_topk_routed_scaling` | 1 |" in ab and "| `fused_rmsnorm` | 2 |" in ab
     order = plan.split("## Order of work", 1)[1]
     assert "no env var can switch off (`hash_topk_routed_scaling`)" in order
     assert "## Every site of `routed_scaling_factor`" in plan and "**Warning**: possible double application" in plan

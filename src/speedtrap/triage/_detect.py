@@ -13,6 +13,7 @@ from typing import Any
 
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._pyast import Module, condition_names, last_name, short
+from speedtrap.triage._trace import _ALPHA_CALLS, _DIV_CALLS, _MUL_CALLS
 
 GUARD, PRECISION, SCALE, HOT_PATH, PHASES, GATING = "guard", "precision", "scale", "hot_path", "phases", "gating"
 
@@ -209,7 +210,7 @@ def precision(cf: ChangedFile, new: Module, old: Module | None) -> list[Signal]:
         found: str | None = None
         if isinstance(node, ast.Attribute) and node.attr in _LOW_DTYPES and isinstance(node.ctx, ast.Load):
             parent = new.parent(node)
-            if not (isinstance(parent, ast.Call) and parent.func is node):
+            if not (isinstance(parent, ast.Call) and parent.func is node) and not _compared_or_allocated(new, node):
                 found = node.attr
         elif (
             isinstance(node, ast.Call)
@@ -218,7 +219,12 @@ def precision(cf: ChangedFile, new: Module, old: Module | None) -> list[Signal]:
             and not node.args
         ):
             found = f".{node.func.attr}()"
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in _LOW_STRINGS:
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.lower() in _LOW_STRINGS
+            and _assigned(new, node)
+        ):
             found = node.value
         elif (
             isinstance(node, ast.Assign)
@@ -251,6 +257,46 @@ def precision(cf: ChangedFile, new: Module, old: Module | None) -> list[Signal]:
     return [Signal(PRECISION, summary, tuple(_ev(cf, ln, "+") for ln in sorted(hits)), data={"dtypes": kinds})]
 
 
+def _assigned(mod: Module, node: ast.AST) -> bool:
+    """Whether a value is assigned, passed or returned (not compared, not a dict key, not a message)."""
+    cur, parent = node, mod.parent(node)
+    while isinstance(parent, (ast.IfExp, ast.BoolOp)) and getattr(parent, "test", None) is not cur:
+        cur, parent = parent, mod.parent(parent)
+    if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.Return, ast.NamedExpr)):
+        return parent.value is cur
+    if isinstance(parent, ast.keyword):
+        return True
+    return isinstance(parent, ast.Call) and cur in parent.args and last_name(parent.func) in {"to", "set_dtype"}
+
+
+_ALLOC_CALLS = {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
+                "new_empty", "new_zeros", "new_ones", "new_full", "randn", "rand", "tensor"}
+
+
+def _compared_or_allocated(mod: Module, node: ast.AST) -> bool:
+    """A dtype compared (``x.dtype == torch.bfloat16``) or given to an allocation: no value is rounded."""
+    parent = mod.parent(node)
+    if isinstance(parent, (ast.Tuple, ast.List, ast.Set)):
+        parent = mod.parent(parent)
+    if isinstance(parent, ast.Compare):
+        return True
+    if isinstance(parent, ast.keyword) and parent.arg == "dtype":
+        call = mod.parent(parent)
+        return isinstance(call, ast.Call) and last_name(call.func) in _ALLOC_CALLS
+    return False
+
+
+def _factor_names(operand: ast.AST, symbol: str | None) -> list[str]:
+    """Factor-like names an operand reads: ``self.scale``, or inside ``(self.scale_depth / sqrt(n))``."""
+    out: list[str] = []
+    for n in ast.walk(operand):
+        if isinstance(n, (ast.Name, ast.Attribute)):
+            name = last_name(n)
+            if name and (name == symbol or _FACTOR.search(name)) and name not in out:
+                out.append(name)
+    return out
+
+
 def _factor_ops(mod: Module, lines: frozenset[int], symbol: str | None) -> dict[str, list[tuple[ast.AST, str]]]:
     out: dict[str, list[tuple[ast.AST, str]]] = {}
     for node in mod.nodes_on_lines(lines):
@@ -263,11 +309,30 @@ def _factor_ops(mod: Module, lines: frozenset[int], symbol: str | None) -> dict[
             )
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Mult, ast.Div)):
             operands, op = [node.value], "multiply" if isinstance(node.op, ast.Mult) else "divide"
+        elif isinstance(node, ast.Call):
+            callee = last_name(node.func) if isinstance(node.func, (ast.Name, ast.Attribute)) else None
+            if callee in _MUL_CALLS:
+                operands, op = list(node.args), "multiply"
+            elif callee in _DIV_CALLS:
+                operands, op = list(node.args[-1:]), "divide"
+            elif callee in _ALPHA_CALLS:
+                operands, op = [k.value for k in node.keywords if k.arg == "alpha"], "multiply"
         for operand in operands:
-            name = last_name(operand) if isinstance(operand, (ast.Name, ast.Attribute)) else None
-            if name and (name == symbol or _FACTOR.search(name)):
+            for name in _factor_names(operand, symbol):
                 out.setdefault(name, []).append((node, op))
     return out
+
+
+def _in_loop(mod: Module, node: ast.AST) -> str | None:
+    """The loop (``for layer in self.layers``) that repeats ``node`` within its function, if any."""
+    for anc in mod.ancestors(node):
+        if isinstance(anc, (ast.For, ast.AsyncFor)):
+            return f"for {short(anc.target, 30)} in {short(anc.iter, 50)}"
+        if isinstance(anc, ast.While):
+            return f"while {short(anc.test, 50)}"
+        if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return None
+    return None
 
 
 def scale(cf: ChangedFile, new: Module | None, old: Module | None, symbol: str | None) -> list[Signal]:
@@ -298,7 +363,14 @@ def scale(cf: ChangedFile, new: Module | None, old: Module | None, symbol: str |
             assert new is not None and old is not None
             before = {" and ".join(old.describe_guard(g) for g in old.guards(n)) or "unconditional" for n, _ in r}
             after = {" and ".join(new.describe_guard(g) for g in new.guards(n)) or "unconditional" for n, _ in a}
-            if before == after:
+            loops_before = {_in_loop(old, n) for n, _ in r}
+            loops_after = {_in_loop(new, n) for n, _ in a}
+            if before == after and loops_before != loops_after:
+                was = " / ".join(sorted(x or "once" for x in loops_before))
+                now = " / ".join(sorted(f"once per iteration of `{x}`" if x else "once" for x in loops_after))
+                text = f"changes how many times the {op} by {name} in {', '.join(a_funcs)} runs: was {was}, now {now}"
+                change = "repeat changed"
+            elif before == after:
                 text, change = f"rewrites a {op} by {name} in {', '.join(a_funcs)}", "rewritten"
             else:
                 text = (

@@ -196,9 +196,22 @@ class IdentityChange:
     reaches: tuple[Reach, ...]
     new_node: ast.expr = field(compare=False, hash=False, repr=False)
     module: Module | None = field(default=None, compare=False, hash=False, repr=False)  # holds new_node
+    unconditional: bool = False  # a literal identity (or no argument) before: the factor never flowed there
+
+    @property
+    def removes_application(self) -> bool:
+        return self.change == "factor replaced by identity"
 
     @property
     def summary(self) -> str:
+        if self.unconditional:
+            where = f"{self.slot} in {self.function}, {self.file}:{self.new_line}: `{self.before}` -> `{self.after}`"
+            if self.removes_application:
+                first = self.reaches[0].describe() if self.reaches else "no multiply found"
+                return f"replaces {self.factor} by {self.identity} ({where}); the factor reached {first}"
+            first = self.reaches[0].describe() if self.reaches else "a callee not resolved here"
+            more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
+            return f"{self.change}: {self.factor} now flows ({where}); it reaches {first}{more}"
         verb = "removes" if self.change == "identity removed" else "changes"
         first = self.reaches[0].describe() if self.reaches else "no multiply found"
         more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""

@@ -64,8 +64,8 @@ def sibling_doubles(
         lits = tuple(lit for g in new.guards(use) for lit in g.literals())
         if clash(change.new_literals, lits, aliases):
             continue
-        newly = clash(change.old_literals, lits, aliases)
-        if not newly:
+        newly = list(lits) if change.unconditional else clash(change.old_literals, lits, aliases)
+        if not newly and not change.unconditional:
             continue
         theirs = [r for r in flow.reaches(new, use) if r.site.where not in mine]
         if not theirs:
@@ -103,8 +103,8 @@ def related_doubles(
                 continue
             if clash(new_lits, b.literals, aliases):
                 continue
-            newly = clash(old_lits, b.literals, aliases)
-            if not newly:
+            newly = list(b.literals) if change.unconditional else clash(old_lits, b.literals, aliases)
+            if not newly and not change.unconditional:
                 continue
             rel = units.relation(a.file, a.unit, b.file, b.unit)
             if rel is None:
@@ -119,6 +119,35 @@ def related_doubles(
     return out
 
 
+def missing_applications(
+    changes: list[IdentityChange], units: Units, base_sites: Mapping[str, list[Site]]
+) -> list[str]:
+    """For each change that stops the factor reaching a multiply: the multiplies that still apply it on
+    that path (applied once), or none (applied nowhere now), named."""
+    out: list[str] = []
+    for change in changes:
+        if not change.removes_application or not change.reaches:
+            continue
+        gone = change.reaches[0].site
+        gone_at = {r.site.where for r in change.reaches}
+        still = [
+            b
+            for b in base_sites.get(change.factor, [])
+            if b.role == MULTIPLY and b.method == "ast" and b.where not in gone_at
+            and units.relation(gone.file, gone.unit, b.file, b.unit) is not None
+        ]
+        head = (
+            f"{change.factor} no longer reaches `{gone.code}` at {gone.where} "
+            f"(`{change.before}` -> `{change.after}` at {change.file}:{change.new_line})"
+        )
+        if still:
+            names = ", ".join(f"{b.where} ({b.function})" for b in still[:4])
+            out.append(f"{head}; still applied on that path at {names}: check that it is applied exactly once")
+        else:
+            out.append(f"{head}; no other multiply of {change.factor} on that path: the factor is applied nowhere now")
+    return out
+
+
 def path_doubles(
     changes: list[IdentityChange],
     post: SourceIndex,
@@ -130,6 +159,8 @@ def path_doubles(
     """Every double application the identity changes of one patch make possible."""
     out: list[DoubleApplication] = []
     for change in changes:
+        if change.removes_application:
+            continue
         new = change.module or post.module(change.file)
         if new is None:
             continue

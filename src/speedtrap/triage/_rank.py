@@ -6,8 +6,10 @@ Exposure (every layer, prefill and decode) multiplies the damage; a switch that 
 (config-only or ungated) makes reading the code matter more than A/B testing it.
 
 Tier 1: risk >= 5, or risk >= 2 with risk + exposure + phases >= 5.
-Tier 2: any risk; or wide exposure that cannot be switched off by an env var or flag.
-Tier 3: the rest (same math, scheduling, narrow).
+Tier 2: any risk; or wide exposure that cannot be switched off by an env var or flag; or any change
+to a file on the forward path that is not proven inert ("changes computation on the forward path;
+no known risky pattern matched", with the lines).
+Tier 3: changes proven inert ("same math", see ``_inert``), or changes to tests and docs only.
 """
 
 from __future__ import annotations
@@ -18,13 +20,23 @@ from typing import Any
 from speedtrap.patching import Gate, GateKind
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
-from speedtrap.triage._signals import GUARD, PRECISION, SCALE, PatchSignals
+from speedtrap.triage._signals import GRAPH, GUARD, MEMORY, PRECISION, SCALE, PatchSignals
 from speedtrap.triage._trace import DoubleApplication
 
 _EXPOSURE = {EVERY_LAYER: 2, SOME_LAYERS: 1, PER_STEP: 1, SETUP: 0, UNKNOWN: 1}
 
 
-SAME_MATH = "no guard, scale or precision change found: same math on a new path"
+SAME_MATH = "same math: every changed file is proven inert"
+FORWARD = "changes computation on the forward path; no known risky pattern matched"
+OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
+_OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
+_DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed"}
+
+
+def _off_path(file: str) -> bool:
+    parts = "/" + file
+    name = file.rsplit("/", 1)[-1]
+    return any(f"/{d}" in parts for d in _OFF_PATH_DIRS) or name.startswith("test_") or name == "conftest.py"
 
 
 @dataclass(frozen=True)
@@ -64,13 +76,23 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
-        p = 3 if s.data.get("not_implemented") or s.data.get("replaced") else 2
+        p = 3 if s.data.get("not_implemented") or s.data.get("replaced") or s.data.get("widened") else 2
         points["guard"] = max(points.get("guard", 0), p)
-        reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
+        if s.data.get("widened"):
+            reasons.append(s.summary)
+        else:
+            reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
     scale = [s for s in sig.of(SCALE) if s.data.get("change") != "rewritten"]
     if scale:
         points["scale"] = 3
+        if any(s.data.get("change") in _DEFINITE and s.data.get("reaches") for s in scale):
+            points["scale"] = 5  # the factor now flows (or no longer flows) into a multiply: a definite change
         reasons.extend(f"{s.summary}: {s.data['factor']} must be applied exactly once" for s in scale[:3])
+    for kind, label in ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph")):
+        found = sig.of(kind)
+        if found:
+            points[label] = 3
+            reasons.extend(s.summary for s in found[:2])
     if doubles:
         points["double_application"] = 2
         d = doubles[0]
@@ -107,9 +129,17 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         tier = 1
     elif risk > 0 or (exposure >= 2 and ab):
         tier = 2
+    elif sig.changed and not all(_off_path(e.file) for e in sig.changed):
+        tier = 2
+        lines = "; ".join(e.render() for e in sig.changed[:4])
+        reasons.insert(0, f"{FORWARD}: {lines}")
+    elif sig.changed:
+        tier = 3
+        reasons.insert(0, f"{OFF_PATH}: {', '.join(sorted({e.file for e in sig.changed}))}")
     else:
         tier = 3
-        reasons.insert(0, SAME_MATH)
+        why = "; ".join(f"{f}: {w}" for f, w in sig.inert[:4])
+        reasons.insert(0, f"{SAME_MATH} ({why})" if why else SAME_MATH)
     return Ranking(tier, score, risk, tuple(reasons), points)
 
 

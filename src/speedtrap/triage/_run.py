@@ -14,7 +14,7 @@ from speedtrap.triage._changes import ChangedFile, lay_patch
 from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
-from speedtrap.triage._paths import path_doubles
+from speedtrap.triage._paths import missing_applications, path_doubles
 from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
@@ -37,6 +37,7 @@ class PatchReport:
     doubles: list[DoubleApplication] = field(default_factory=list)
     added_sites: list[Site] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # factors no longer applied where they were
 
     @property
     def name(self) -> str:
@@ -57,6 +58,7 @@ class PatchReport:
             "hot_paths": [h.to_json() for h in self.signals.hot_paths],
             "phases": {"value": self.signals.phases, "guess": True},
             "double_applications": [d.to_json() for d in self.doubles],
+            "missing_applications": self.missing,
             "notes": self.notes,
             "diff_given": bool(self.patch.diff),
         }
@@ -127,6 +129,7 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         sig = analyze(files, HotPaths(units) if units else None, symbol, flow)
         doubles: list[DoubleApplication] = []
         added_sites: list[Site] = []
+        missing: list[str] = []
         if post is not None and index is not None:
             factors = {s.data["factor"] for s in sig.of(SCALE) if s.data.get("change") in _APPLYING}
             if symbol:
@@ -144,12 +147,15 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
             if flow is not None and units is not None and sig.identity:
                 bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
                 doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
+                missing = missing_applications(sig.identity, units, bases)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
             kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
             ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
-        reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes))
+        reports.append(
+            PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes, missing)
+        )
         if trace is not None:
             trace.added.extend(added_sites)
             trace.double_applications.extend(d for d in doubles if d.symbol == symbol)

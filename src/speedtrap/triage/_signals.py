@@ -26,12 +26,17 @@ from speedtrap.triage._detect import (
     scale,
     text_signals,
 )
+from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._flow import Flow, IdentityChange, identity_changes
+from speedtrap.triage._inert import inert
+from speedtrap.triage._literals import literal_changes
 from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._pyast import Module, last_name
 
 __all__ = [
     "GATING",
+    "GRAPH",
+    "MEMORY",
     "GUARD",
     "HOT_PATH",
     "PHASES",
@@ -55,6 +60,8 @@ class PatchSignals:
     detected_gate: tuple[str, str] = ("ungated", "")  # (kind, key)
     factors: list[str] = field(default_factory=list)
     identity: list[IdentityChange] = field(default_factory=list)
+    inert: list[tuple[str, str]] = field(default_factory=list)  # (file, why it cannot change a value)
+    changed: list[Evidence] = field(default_factory=list)  # first changed lines of files not proven inert
 
     def of(self, kind: str) -> list[Signal]:
         return [s for s in self.signals if s.kind == kind]
@@ -75,11 +82,20 @@ def analyze(
         if cf.patch.binary:
             continue
         old, new = cf.old_module(), cf.new_module()
+        if not cf.is_python and _is_prose(cf.path):
+            result.inert.append((cf.path, "documentation, not code"))
+            continue
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
+            result.changed.extend(_first_changes(cf))
             continue
-        if old is not None and new is not None and _same_code(old, new):
-            continue  # comments and docstrings only: nothing runs differently
+        if old is not None and new is not None:
+            why = inert(old.tree, new.tree)
+            if why is not None:
+                result.inert.append((cf.path, why))
+                continue  # proven: nothing runs differently
+            result.signals.extend(class_signals(cf, old, new))
+        result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
         if new is not None:
@@ -117,25 +133,18 @@ def analyze(
     return result
 
 
-def _without_docstrings(source: str) -> str:
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+_PROSE = (".md", ".rst", ".txt", ".adoc")
 
 
-def _same_code(old: Module, new: Module) -> bool:
-    """Whether two versions of a file differ only in comments, docstrings and layout."""
-    return _without_docstrings(old.source) == _without_docstrings(new.source)
+def _is_prose(path: str) -> bool:
+    return path.lower().endswith(_PROSE) or path.rsplit("/", 1)[-1].upper().startswith(("LICENSE", "README"))
+
+
+def _first_changes(cf: ChangedFile, limit: int = 4) -> list[Evidence]:
+    out = [Evidence(cf.path, ln, "-", cf.removed_text(ln)) for ln in sorted(cf.removed)]
+    out += [Evidence(cf.path, ln, "+", cf.added_text(ln)) for ln in sorted(cf.added)]
+    code = [e for e in out if e.text.strip() and not e.text.lstrip().startswith(("import ", "from ", "#"))]
+    return code[:limit] or out[:1]
 
 
 def _identity_signals(
@@ -143,12 +152,14 @@ def _identity_signals(
 ) -> list[Signal]:
     """A removed or changed identity selection whose value reaches a multiply: a scale-logic change."""
     out: list[Signal] = []
-    for change in identity_changes(cf.path, old, new, cf.removed, flow):
-        if not change.reaches:
+    changes = identity_changes(cf.path, old, new, cf.removed, flow)
+    changes += literal_changes(cf.path, old, new, cf.added, cf.removed, flow)
+    for change in changes:
+        if not change.reaches and not change.unconditional:
             continue
         found.append(change)
         evidence = (
-            Evidence(cf.path, change.old_line, "-", cf.removed_text(change.old_line)),
+            *((Evidence(cf.path, change.old_line, "-", cf.removed_text(change.old_line)),) if change.before != "(not passed)" else ()),
             Evidence(cf.path, change.new_line, "+", cf.added_text(change.new_line)),
             *(Evidence(r.site.file, r.site.line, " ", r.site.code) for r in change.reaches[:3]),
         )

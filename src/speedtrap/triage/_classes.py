@@ -1,0 +1,275 @@
+"""Detectors for classes of risky change beyond guards, factors and dtypes, each with its lines:
+
+- uninitialised memory: ``torch.empty``/``empty_like``/``new_empty`` where the old code used
+  ``zeros``/``zeros_like``/``new_zeros``/``full`` (or a ``zero_()``/``fill_()`` removed);
+- a selection widened: a ``_supports_*``/``*_SUPPORTED`` collection or a membership tuple given more
+  members, a condition losing a conjunct or gaining a disjunct, in the same function;
+- CUDA-graph state: buffers allocated or re-sliced in capture/replay code, or a branch on
+  ``is_in_piecewise_cuda_graph()`` / ``is_capturing`` ... removed;
+- precision under a changed condition: a low-precision dtype assigned in a block whose condition
+  the patch changed (``kv_cache_dtype = "fp8_e4m3"`` under a widened ``if``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from speedtrap.triage._changes import ChangedFile
+from speedtrap.triage._detect import GUARD, PRECISION, Evidence, Signal
+from speedtrap.triage._pyast import Module, short
+
+MEMORY, GRAPH = "memory", "cuda_graph"
+
+_ZEROED = {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like", "zero_", "fill_"}
+_EMPTY = {"empty", "empty_like", "new_empty", "empty_strided"}
+_ALLOC = _ZEROED | _EMPTY | {"ones", "arange", "tensor", "randn", "rand"}
+_WIDE_NAME = re.compile(r"support|allow|compatib|capab|enabl|whitelist|valid|known|choices", re.I)
+_GRAPH_WORDS = re.compile(r"cuda_?graph|capture|replay|graph_runner|piecewise|is_capturing", re.I)
+_GRAPH_TEST = re.compile(r"cuda_?graph|capturing|piecewise|graph_mode|in_graph|is_capturing", re.I)
+_LOW = re.compile(r"^(bf16|bfloat16|fp16|float16|half|fp8\w*|e4m3|e5m2|int8|int4|fp4|nvfp4|mxfp4)$", re.I)
+_LOW_ATTRS = re.compile(r"^(bfloat16|float16|half|float8_\w+|int8|uint8|float4_\w+)$")
+
+
+def _callee(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute):
+            return node.func.attr
+        if isinstance(node.func, ast.Name):
+            return node.func.id
+    return None
+
+
+def _ev(cf: ChangedFile, line: int, side: str) -> Evidence:
+    return Evidence(cf.path, line, side, cf.added_text(line) if side == "+" else cf.removed_text(line))
+
+
+def _calls(mod: Module, lines: frozenset[int], names: set[str]) -> dict[str, list[ast.Call]]:
+    """Calls of ``names`` on ``lines``, by the qualified name of the function holding them."""
+    out: dict[str, list[ast.Call]] = {}
+    for node in mod.nodes_on_lines(lines):
+        if isinstance(node, ast.Call) and _callee(node) in names:
+            out.setdefault(mod.qualname(node), []).append(node)
+    return out
+
+
+def uninitialised(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    zeroed = _calls(old, cf.removed, _ZEROED)
+    empty = _calls(new, cf.added, _EMPTY)
+    out: list[Signal] = []
+    for func, calls in sorted(empty.items()):
+        before = zeroed.get(func, [])
+        if not before:
+            continue
+        ev = [_ev(cf, c.lineno, "-") for c in before[:3]] + [_ev(cf, c.lineno, "+") for c in calls[:3]]
+        was = sorted({_callee(c) or "" for c in before})
+        now = sorted({_callee(c) or "" for c in calls})
+        out.append(
+            Signal(
+                MEMORY,
+                f"allocates with {'/'.join(now)} where it used {'/'.join(was)} in {func.replace('<module>', 'module')}: "
+                "the buffer's memory is no longer initialised; a kernel that reads before it writes gets garbage",
+                tuple(ev),
+                data={"was": was, "now": now},
+            )
+        )
+    return out
+
+
+def _members(node: ast.AST) -> list[str] | None:
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [ast.dump(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return [ast.dump(k) for k in node.keys if k is not None]
+    return None
+
+
+def _collection_slots(mod: Module, lines: frozenset[int]) -> dict[tuple[str, str], tuple[ast.AST, list[str], int]]:
+    """Collections assigned to a name, returned, or tested for membership, on or spanning ``lines``."""
+    out: dict[tuple[str, str], tuple[ast.AST, list[str], int]] = {}
+    for stmt in mod.statements_touching(lines):
+        where = mod.qualname(stmt)
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            members = _members(stmt.value)
+            if members is not None:
+                for t in targets:
+                    out[(where, short(t, 80))] = (stmt.value, members, stmt.lineno)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                members = _members(node.comparators[0])
+                if members is not None:
+                    kind = "in" if isinstance(node.ops[0], ast.In) else "not in"
+                    out[(where, f"{short(node.left, 80)} {kind}")] = (node, members, node.lineno)
+        if isinstance(stmt, ast.Return) and stmt.value is not None:
+            members = _members(stmt.value)
+            if members is not None:
+                out[(where, "return")] = (stmt.value, members, stmt.lineno)
+    return out
+
+
+def _conjuncts(test: ast.expr, op: type[ast.boolop]) -> list[str]:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, op):
+        return [ast.dump(v) for v in test.values]
+    return [ast.dump(test)]
+
+
+def _conditions(mod: Module, lines: frozenset[int]) -> dict[tuple[str, int], list[tuple[ast.expr, int]]]:
+    """If/while tests and predicate returns touching ``lines``, by function and kind, in order."""
+    out: dict[tuple[str, int], list[tuple[ast.expr, int]]] = {}
+    for stmt in mod.statements_touching(lines):
+        if isinstance(stmt, (ast.If, ast.While)):
+            test_end = stmt.test.end_lineno or stmt.lineno
+            if any(stmt.lineno <= ln <= test_end for ln in lines):
+                out.setdefault((mod.qualname(stmt), 0), []).append((stmt.test, stmt.lineno))
+        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, (ast.BoolOp, ast.Compare, ast.UnaryOp)):
+            out.setdefault((mod.qualname(stmt), 1), []).append((stmt.value, stmt.lineno))
+    return out
+
+
+def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    out: list[Signal] = []
+    before = _collection_slots(old, cf.removed)
+    after = _collection_slots(new, cf.added)
+    for key, (node, members, line) in sorted(after.items(), key=lambda kv: kv[1][2]):
+        if key not in before:
+            continue
+        _old_node, old_members, old_line = before[key]
+        gained = [m for m in members if m not in old_members]
+        if not gained or any(m not in members for m in old_members):
+            continue
+        named = key[1].endswith(" in") or _WIDE_NAME.search(key[1]) or key[1] == "return"
+        if not named:
+            continue
+        shown = ", ".join(short(_node_of(node, m), 40) for m in gained)
+        out.append(
+            Signal(
+                GUARD,
+                f"widens `{key[1]}` in {key[0].replace('<module>', 'module level')}: now also {shown}; "
+                "a path that was refused for these cases now runs for them",
+                (_ev(cf, old_line, "-"), _ev(cf, line, "+")),
+                data={"kind": "widened", "widened": True, "names": [key[1]]},
+            )
+        )
+    old_tests = _conditions(old, cf.removed)
+    new_tests = _conditions(new, cf.added)
+    for key, tests in new_tests.items():
+        olds = old_tests.get(key, [])
+        if len(olds) != len(tests):
+            continue
+        for (o, o_line), (n, n_line) in zip(olds, tests, strict=True):
+            o_and, n_and = _conjuncts(o, ast.And), _conjuncts(n, ast.And)
+            o_or, n_or = _conjuncts(o, ast.Or), _conjuncts(n, ast.Or)
+            how = None
+            if len(n_and) < len(o_and) and all(c in o_and for c in n_and):
+                how = "drops a condition from"
+            elif len(n_or) > len(o_or) and all(c in n_or for c in o_or):
+                how = "adds an alternative to"
+            if how is None:
+                continue
+            out.append(
+                Signal(
+                    GUARD,
+                    f"{how} `{short(o, 100)}` in {key[0].replace('<module>', 'module level')} "
+                    f"(now `{short(n, 100)}`): the guarded path runs in more cases",
+                    (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
+                    data={"kind": "widened", "widened": True, "names": []},
+                )
+            )
+    return out
+
+
+def _node_of(node: ast.AST, dump: str) -> ast.AST:
+    for sub in ast.walk(node):
+        if ast.dump(sub) == dump:
+            return sub
+    return node
+
+
+def _graph_scope(mod: Module, node: ast.AST) -> str | None:
+    for anc in mod.ancestors(node):
+        if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _GRAPH_WORDS.search(anc.name):
+            return anc.name
+    return None
+
+
+def cuda_graph(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    out: list[Signal] = []
+    hits: list[tuple[int, str]] = []
+    for node in new.nodes_on_lines(cf.added):
+        scope = _graph_scope(new, node)
+        if scope is None:
+            continue
+        if isinstance(node, ast.Call) and _callee(node) in _ALLOC:
+            hits.append((node.lineno, f"allocates a buffer ({_callee(node)}) in {scope}"))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, (ast.Slice, ast.Tuple)):
+            hits.append((node.lineno, f"re-slices `{short(node, 60)}` in {scope}"))
+    if hits:
+        lines = sorted({ln for ln, _ in hits})
+        out.append(
+            Signal(
+                GRAPH,
+                "changes the buffers of CUDA-graph capture/replay: "
+                + "; ".join(dict.fromkeys(w for _, w in hits[:3]))
+                + ": a replayed graph reads the addresses it captured, not the new ones",
+                tuple(_ev(cf, ln, "+") for ln in lines[:4]),
+            )
+        )
+    new_tests = {ast.dump(n.test) for n in new.nodes if isinstance(n, (ast.If, ast.IfExp))}
+    for node in old.nodes_on_lines(cf.removed):
+        if isinstance(node, (ast.If, ast.IfExp)) and _GRAPH_TEST.search(ast.unparse(node.test)):
+            if ast.dump(node.test) in new_tests:
+                continue
+            out.append(
+                Signal(
+                    GRAPH,
+                    f"removes the branch `if {short(node.test, 80)}` ({old.qualname(node)}): code that "
+                    "must differ under CUDA-graph capture now runs the same in and out of it",
+                    (_ev(cf, node.lineno, "-"),),
+                )
+            )
+    return out
+
+
+def _low_value(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and _LOW.match(node.value):
+        return node.value
+    if isinstance(node, ast.Attribute) and _LOW_ATTRS.match(node.attr):
+        return node.attr
+    return None
+
+
+def precision_under_new_condition(cf: ChangedFile, new: Module) -> list[Signal]:
+    """Low-precision assignments left unchanged in a block whose condition the patch changed."""
+    out: list[Signal] = []
+    for stmt in new.statements_touching(cf.added):
+        if not isinstance(stmt, ast.If) or stmt.lineno not in cf.added:
+            continue
+        for sub in stmt.body:
+            for node in ast.walk(sub):
+                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                    continue
+                if node.lineno in cf.added:
+                    continue  # an added assignment is read by the precision detector itself
+                low = _low_value(node.value)
+                if low is None:
+                    continue
+                out.append(
+                    Signal(
+                        PRECISION,
+                        f"precision set to {low} under a changed condition `if {short(stmt.test, 90)}` "
+                        f"({new.qualname(stmt)}): more cases now run in {low}",
+                        (_ev(cf, stmt.lineno, "+"), Evidence(cf.path, node.lineno, " ", cf.added_text(node.lineno))),
+                        data={"dtypes": [low]},
+                    )
+                )
+    return out
+
+
+def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    return [
+        *uninitialised(cf, old, new),
+        *widened(cf, old, new),
+        *cuda_graph(cf, old, new),
+        *precision_under_new_condition(cf, new),
+    ]

@@ -1,0 +1,239 @@
+"""Proof that a change to a Python file is inert: both versions normalise to the same AST.
+
+The normal form drops what cannot change a computed value and canonicalises rewrites that are
+equal by construction:
+
+- docstrings (comments and layout are not in the AST at all);
+- logging and messages: ``logger.info(...)``, ``print(...)``, ``warnings.warn(...)`` statements whose
+  arguments call nothing but pure formatting helpers, and the text of exception and assert messages;
+- renamed locals: names a function binds (its parameters excepted) become ``_v0``, ``_v1`` ... in
+  order of first appearance, so a consistent rename normalises away and a changed data flow does not;
+- ``x *= a`` / ``x.mul_(a)``, ``x /= a`` / ``x.div_(a)``, ``x += a`` / ``x.add_(a)``, ``x -= a`` / ``x.sub_(a)``;
+  ``torch.mul(a, b)`` / ``a.mul(b)`` / ``a * b`` (and ``div``); ``a * b`` / ``b * a``;
+- ``x in (c,)`` / ``x in [c]`` / ``x in {c}`` / ``x == c`` (and ``not in`` / ``!=``); ``c == x`` / ``x == c``;
+  ``not (a == b)`` / ``a != b``.
+
+Anything else is a change: :func:`inert` returns ``None`` and the caller must not say "same math".
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+_LOG_ROOTS = {"logger", "logging", "log", "_logger", "LOGGER", "warnings"}
+_LOG_METHODS = {
+    "debug",
+    "info",
+    "warning",
+    "warn",
+    "error",
+    "exception",
+    "critical",
+    "log",
+    "info_once",
+    "warning_once",
+    "debug_once",
+    "warn_once",
+}
+_PURE = {"str", "repr", "len", "format", "join", "type", "getattr", "hasattr", "isinstance", "int", "float", "round"}
+_INPLACE = {"mul_": ast.Mult, "div_": ast.Div, "add_": ast.Add, "sub_": ast.Sub}
+_OUT_OF_PLACE = {"mul": ast.Mult, "multiply": ast.Mult, "div": ast.Div, "divide": ast.Div, "true_divide": ast.Div}
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_NEGATE: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+
+
+def _name_of(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _is_log_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name):
+        logging = func.id == "print"
+    elif isinstance(func, ast.Attribute):
+        root = _name_of(func.value)
+        logging = func.attr in _LOG_METHODS and (root in _LOG_ROOTS or (root or "").endswith("logger"))
+        logging = logging or (root == "warnings" and func.attr == "warn")
+    else:
+        logging = False
+    if not logging:
+        return False
+    for arg in [*node.args, *(k.value for k in node.keywords)]:
+        for sub in ast.walk(arg):
+            if isinstance(sub, ast.Call) and _name_of(sub.func) not in _PURE:
+                return False  # the message computes something: not provably free of effects
+            if isinstance(sub, ast.NamedExpr):
+                return False
+    return True
+
+
+def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            return body[1:]
+    return body
+
+
+class _Normal(ast.NodeTransformer):
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and all(isinstance(s, ast.stmt) for s in block):
+                if name == "body" and isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    block = _strip_docstring(block)
+                kept = [s for s in block if not (isinstance(s, ast.Expr) and _is_log_call(s.value))]
+                if not kept and name == "body" and not isinstance(node, ast.Module):
+                    kept = [ast.Pass()]
+                setattr(node, name, kept)
+        return super().generic_visit(node)
+
+    def visit_Raise(self, node: ast.Raise) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.exc, ast.Call):
+            node.exc.args = [_blank(a) for a in node.exc.args]
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        self.generic_visit(node)
+        node.msg = None
+        return node
+
+    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+        self.generic_visit(node)
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in _INPLACE
+            and len(call.args) == 1
+            and not call.keywords
+            and isinstance(call.func.value, (ast.Name, ast.Attribute, ast.Subscript))
+        ):
+            target = copy.deepcopy(call.func.value)
+            _store(target)
+            return ast.AugAssign(target=target, op=_INPLACE[call.func.attr](), value=call.args[0])
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _OUT_OF_PLACE and not node.keywords:
+            op = _OUT_OF_PLACE[func.attr]
+            if _name_of(func.value) == "torch" and len(node.args) == 2:
+                return self.visit_BinOp(ast.BinOp(left=node.args[0], op=op(), right=node.args[1]))
+            if _name_of(func.value) != "torch" and len(node.args) == 1:
+                return self.visit_BinOp(ast.BinOp(left=func.value, op=op(), right=node.args[0]))
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Mult):
+            # Flatten a chain of products and sort its factors: a*b*c in any order is one form.
+            factors: list[ast.expr] = []
+
+            def flat(n: ast.expr) -> None:
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+                    flat(n.left)
+                    flat(n.right)
+                else:
+                    factors.append(n)
+
+            flat(node)
+            factors.sort(key=ast.dump)
+            out = factors[0]
+            for f in factors[1:]:
+                out = ast.BinOp(left=out, op=ast.Mult(), right=f)
+            return out
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        inner = node.operand
+        if (
+            isinstance(node.op, ast.Not)
+            and isinstance(inner, ast.Compare)
+            and len(inner.ops) == 1
+            and type(inner.ops[0]) in _NEGATE
+        ):
+            inner.ops = [_NEGATE[type(inner.ops[0])]()]
+            return inner
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1:
+            return node
+        op, right = node.ops[0], node.comparators[0]
+        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            if len(right.elts) == 1 and not isinstance(right.elts[0], ast.Starred):
+                node.ops = [ast.Eq() if isinstance(op, ast.In) else ast.NotEq()]
+                node.comparators = [right.elts[0]]
+        if isinstance(node.ops[0], (ast.Eq, ast.NotEq)) and isinstance(node.left, ast.Constant):
+            if not isinstance(node.comparators[0], ast.Constant):
+                node.left, node.comparators = node.comparators[0], [node.left]
+        return node
+
+
+def _blank(node: ast.expr) -> ast.expr:
+    if isinstance(node, (ast.Constant, ast.JoinedStr)) and not isinstance(getattr(node, "value", ""), bytes):
+        return ast.Constant(value="")
+    return node
+
+
+def _store(node: ast.expr) -> None:
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
+        node.ctx = ast.Store()
+
+
+def _rename_locals(tree: ast.AST) -> None:
+    """Canonical names for what each function binds (parameters and global/nonlocal names excepted)."""
+    for func in [n for n in ast.walk(tree) if isinstance(n, _FUNCS)]:
+        args = func.args
+        params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        params |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+        shared: set[str] = set()
+        for sub in ast.walk(func):
+            if isinstance(sub, (ast.Global, ast.Nonlocal)):
+                shared.update(sub.names)
+        mapping: dict[str, str] = {}
+        for sub in ast.walk(func):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                if sub.id not in params and sub.id not in shared and not sub.id.startswith("_v"):
+                    mapping.setdefault(sub.id, f"_v{len(mapping)}")
+        for sub in ast.walk(func):
+            if isinstance(sub, ast.Name) and sub.id in mapping:
+                sub.id = mapping[sub.id]
+
+
+def normal_form(tree: ast.Module) -> str:
+    """The normalised dump of a module (the input is not modified)."""
+    work = copy.deepcopy(tree)
+    work = _Normal().visit(work)
+    _rename_locals(work)
+    return ast.dump(work)
+
+
+def inert(old: ast.Module, new: ast.Module) -> str | None:
+    """Why the change from ``old`` to ``new`` cannot change a computed value, or None when unproven."""
+    if ast.dump(old) == ast.dump(new):
+        return "comments or layout only"
+    try:
+        if normal_form(old) == normal_form(new):
+            return "docstrings, log messages, renamed locals or rewrites equal on the AST only"
+    except RecursionError:
+        return None
+    return None
