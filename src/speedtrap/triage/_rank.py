@@ -127,12 +127,14 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     score = sum(points.values())
     if risk >= 5 or (risk >= 2 and risk + exposure + phases >= 5):
         tier = 1
-    elif risk > 0 or (exposure >= 2 and ab):
+    elif risk > 0:
         tier = 2
     elif sig.changed and not all(_off_path(e.file) for e in sig.changed):
         tier = 2
         lines = "; ".join(e.render() for e in sig.changed[:4])
         reasons.insert(0, f"{FORWARD}: {lines}")
+    elif exposure >= 2 and ab:
+        tier = 2
     elif sig.changed:
         tier = 3
         reasons.insert(0, f"{OFF_PATH}: {', '.join(sorted({e.file for e in sig.changed}))}")
