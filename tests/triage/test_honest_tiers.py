@@ -9,7 +9,6 @@ The tree is a trimmed copy of real serving code: the MoE block of SGLang 0.4.10'
 from __future__ import annotations
 
 import difflib
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -60,30 +59,56 @@ class Model(nn.Module):
 """
 
 INERT = {
-    "comment": [("        final_hidden_states = self.experts(hidden_states)\n",
-                 "        # routed experts\n        final_hidden_states = self.experts(hidden_states)\n")],
-    "docstring": [("    def forward(self, hidden_states, shared_output, dtype):\n",
-                   '    def forward(self, hidden_states, shared_output, dtype):\n        """The MoE block."""\n')],
-    "log message": [('logger.debug("moe layer %d", self.layer_id)', 'logger.info("MoE forward, layer %d", self.layer_id)')],
+    "comment": [
+        (
+            "        final_hidden_states = self.experts(hidden_states)\n",
+            "        # routed experts\n        final_hidden_states = self.experts(hidden_states)\n",
+        )
+    ],
+    "docstring": [
+        (
+            "    def forward(self, hidden_states, shared_output, dtype):\n",
+            '    def forward(self, hidden_states, shared_output, dtype):\n        """The MoE block."""\n',
+        )
+    ],
+    "log message": [
+        ('logger.debug("moe layer %d", self.layer_id)', 'logger.info("MoE forward, layer %d", self.layer_id)')
+    ],
     "assert message": [('"routed scaling must be positive"', '"bad routed_scaling_factor"')],
-    "local rename": [("            x = shared_output\n            x.add_(final_hidden_states, alpha=self.routed_scaling_factor)\n"
-                      "            final_hidden_states = x\n",
-                      "            out = shared_output\n            out.add_(final_hidden_states, alpha=self.routed_scaling_factor)\n"
-                      "            final_hidden_states = out\n")],
-    "*= as mul_": [("final_hidden_states *= self.routed_scaling_factor", "final_hidden_states.mul_(self.routed_scaling_factor)")],
+    "local rename": [
+        (
+            "            x = shared_output\n            x.add_(final_hidden_states, alpha=self.routed_scaling_factor)\n"
+            "            final_hidden_states = x\n",
+            "            out = shared_output\n"
+            "            out.add_(final_hidden_states, alpha=self.routed_scaling_factor)\n"
+            "            final_hidden_states = out\n",
+        )
+    ],
+    "*= as mul_": [
+        ("final_hidden_states *= self.routed_scaling_factor", "final_hidden_states.mul_(self.routed_scaling_factor)")
+    ],
     "a*b as b*a": [("self.routed_scaling_factor * 2.0", "2.0 * self.routed_scaling_factor")],
     "== as in (c,)": [('if dtype == "bf16":', 'if dtype in ("bf16",):')],
-    "formatting": [("        final_hidden_states = self.experts(hidden_states)\n",
-                    "        final_hidden_states = self.experts(\n            hidden_states\n        )\n")],
+    "formatting": [
+        (
+            "        final_hidden_states = self.experts(hidden_states)\n",
+            "        final_hidden_states = self.experts(\n            hidden_states\n        )\n",
+        )
+    ],
 }
 
 NOT_INERT = {
     "another factor": [("final_hidden_states *= self.routed_scaling_factor", "final_hidden_states *= self.layer_id")],
     "a constant changed": [("self.routed_scaling_factor * 2.0", "self.routed_scaling_factor * 3.0")],
-    "a log call with an effect": [('logger.debug("moe layer %d", self.layer_id)',
-                                   'logger.debug("moe layer %d", self.experts.reset_parameters())')],
-    "a data-flow change under a rename": [("            final_hidden_states = x\n", "            final_hidden_states = shared_output + 0\n")],
-    "mul_ to add_": [("final_hidden_states *= self.routed_scaling_factor", "final_hidden_states.add_(self.routed_scaling_factor)")],
+    "a log call with an effect": [
+        ('logger.debug("moe layer %d", self.layer_id)', 'logger.debug("moe layer %d", self.experts.reset_parameters())')
+    ],
+    "a data-flow change under a rename": [
+        ("            final_hidden_states = x\n", "            final_hidden_states = shared_output + 0\n")
+    ],
+    "mul_ to add_": [
+        ("final_hidden_states *= self.routed_scaling_factor", "final_hidden_states.add_(self.routed_scaling_factor)")
+    ],
 }
 
 
@@ -103,7 +128,9 @@ def _diff(tree: Path, edits: list[tuple[str, str]], out: Path, rel: str = "pkg/m
         assert after.count(old) == 1, old
         after = after.replace(old, new)
     assert after != before
-    out.write_text("".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")))
+    out.write_text(
+        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    )
     return out
 
 

@@ -67,7 +67,8 @@ def uninitialised(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
         out.append(
             Signal(
                 MEMORY,
-                f"allocates with {'/'.join(now)} where it used {'/'.join(was)} in {func.replace('<module>', 'module')}: "
+                f"allocates with {'/'.join(now)} where it used {'/'.join(was)} in "
+                f"{func.replace('<module>', 'module')}: "
                 "the buffer's memory is no longer initialised; a kernel that reads before it writes gets garbage",
                 tuple(ev),
                 data={"was": was, "now": now},
@@ -153,8 +154,8 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
         )
     old_tests = _conditions(old, cf.removed)
     new_tests = _conditions(new, cf.added)
-    for key, tests in new_tests.items():
-        olds = old_tests.get(key, [])
+    for cond_key, tests in new_tests.items():
+        olds = old_tests.get(cond_key, [])
         if len(olds) != len(tests):
             continue
         for (o, o_line), (n, n_line) in zip(olds, tests, strict=True):
@@ -170,7 +171,7 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
             out.append(
                 Signal(
                     GUARD,
-                    f"{how} `{short(o, 100)}` in {key[0].replace('<module>', 'module level')} "
+                    f"{how} `{short(o, 100)}` in {cond_key[0].replace('<module>', 'module level')} "
                     f"(now `{short(n, 100)}`): the guarded path runs in more cases",
                     (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
                     data={"kind": "widened", "widened": True, "names": []},

@@ -269,8 +269,24 @@ def _assigned(mod: Module, node: ast.AST) -> bool:
     return isinstance(parent, ast.Call) and cur in parent.args and last_name(parent.func) in {"to", "set_dtype"}
 
 
-_ALLOC_CALLS = {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
-                "new_empty", "new_zeros", "new_ones", "new_full", "randn", "rand", "tensor"}
+_ALLOC_CALLS = {
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "arange",
+    "new_empty",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "randn",
+    "rand",
+    "tensor",
+}
 
 
 def _compared_or_allocated(mod: Module, node: ast.AST) -> bool:

@@ -82,9 +82,9 @@ def _is_log_call(node: ast.AST) -> bool:
 
 
 def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        if isinstance(body[0].value.value, str):
-            return body[1:]
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return body[1:]
     return body
 
 
@@ -93,7 +93,9 @@ class _Normal(ast.NodeTransformer):
         for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
             if isinstance(block, list) and block and all(isinstance(s, ast.stmt) for s in block):
-                if name == "body" and isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if name == "body" and isinstance(
+                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+                ):
                     block = _strip_docstring(block)
                 kept = [s for s in block if not (isinstance(s, ast.Expr) and _is_log_call(s.value))]
                 if not kept and name == "body" and not isinstance(node, ast.Module):
@@ -178,13 +180,13 @@ class _Normal(ast.NodeTransformer):
         if len(node.ops) != 1:
             return node
         op, right = node.ops[0], node.comparators[0]
-        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
-            if len(right.elts) == 1 and not isinstance(right.elts[0], ast.Starred):
-                node.ops = [ast.Eq() if isinstance(op, ast.In) else ast.NotEq()]
-                node.comparators = [right.elts[0]]
-        if isinstance(node.ops[0], (ast.Eq, ast.NotEq)) and isinstance(node.left, ast.Constant):
-            if not isinstance(node.comparators[0], ast.Constant):
-                node.left, node.comparators = node.comparators[0], [node.left]
+        elts = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else []
+        if isinstance(op, (ast.In, ast.NotIn)) and len(elts) == 1 and not isinstance(elts[0], ast.Starred):
+            node.ops = [ast.Eq() if isinstance(op, ast.In) else ast.NotEq()]
+            node.comparators = [elts[0]]
+        flip = isinstance(node.left, ast.Constant) and not isinstance(node.comparators[0], ast.Constant)
+        if isinstance(node.ops[0], (ast.Eq, ast.NotEq)) and flip:
+            node.left, node.comparators = node.comparators[0], [node.left]
         return node
 
 
@@ -211,9 +213,10 @@ def _rename_locals(tree: ast.AST) -> None:
                 shared.update(sub.names)
         mapping: dict[str, str] = {}
         for sub in ast.walk(func):
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                if sub.id not in params and sub.id not in shared and not sub.id.startswith("_v"):
-                    mapping.setdefault(sub.id, f"_v{len(mapping)}")
+            if not (isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)):
+                continue
+            if sub.id not in params and sub.id not in shared and not sub.id.startswith("_v"):
+                mapping.setdefault(sub.id, f"_v{len(mapping)}")
         for sub in ast.walk(func):
             if isinstance(sub, ast.Name) and sub.id in mapping:
                 sub.id = mapping[sub.id]

@@ -56,15 +56,30 @@ def literal_changes(
                 reaches = tuple(flow.reaches(new, after))
                 if factor is None or not (reaches or _factor_of(after)):
                     continue
-                out.append(_change(path, new, key, before, after, ident_before, factor, "identity literal replaced",
-                                   reaches, after))
+                out.append(
+                    _change(
+                        path, new, key, before, after, ident_before, factor, "identity literal replaced", reaches, after
+                    )
+                )
             elif ident_after and not ident_before:
                 factor = _factor_of(before)
                 if factor is None:
                     continue
                 reaches = tuple(flow.reaches(old, before))
-                out.append(_change(path, new, key, before, after, ident_after, factor, "factor replaced by identity",
-                                   reaches, after))
+                out.append(
+                    _change(
+                        path,
+                        new,
+                        key,
+                        before,
+                        after,
+                        ident_after,
+                        factor,
+                        "factor replaced by identity",
+                        reaches,
+                        after,
+                    )
+                )
     return out
 
 

@@ -133,7 +133,9 @@ def missing_applications(
         still = [
             b
             for b in base_sites.get(change.factor, [])
-            if b.role == MULTIPLY and b.method == "ast" and b.where not in gone_at
+            if b.role == MULTIPLY
+            and b.method == "ast"
+            and b.where not in gone_at
             and units.relation(gone.file, gone.unit, b.file, b.unit) is not None
         ]
         head = (

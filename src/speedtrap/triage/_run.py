@@ -153,9 +153,7 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
             kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
             ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
-        reports.append(
-            PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes, missing)
-        )
+        reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes, missing))
         if trace is not None:
             trace.added.extend(added_sites)
             trace.double_applications.extend(d for d in doubles if d.symbol == symbol)

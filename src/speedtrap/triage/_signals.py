@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from speedtrap.triage._changes import ChangedFile
+from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._detect import (
     GATING,
     GUARD,
@@ -26,19 +27,18 @@ from speedtrap.triage._detect import (
     scale,
     text_signals,
 )
-from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._flow import Flow, IdentityChange, identity_changes
+from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._inert import inert
 from speedtrap.triage._literals import literal_changes
-from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._pyast import Module, last_name
 
 __all__ = [
     "GATING",
     "GRAPH",
-    "MEMORY",
     "GUARD",
     "HOT_PATH",
+    "MEMORY",
     "PHASES",
     "PRECISION",
     "SCALE",
@@ -159,7 +159,11 @@ def _identity_signals(
             continue
         found.append(change)
         evidence = (
-            *((Evidence(cf.path, change.old_line, "-", cf.removed_text(change.old_line)),) if change.before != "(not passed)" else ()),
+            *(
+                (Evidence(cf.path, change.old_line, "-", cf.removed_text(change.old_line)),)
+                if change.before != "(not passed)"
+                else ()
+            ),
             Evidence(cf.path, change.new_line, "+", cf.added_text(change.new_line)),
             *(Evidence(r.site.file, r.site.line, " ", r.site.code) for r in change.reaches[:3]),
         )
