@@ -1,0 +1,427 @@
+"""Triage on public incidents: each culprit is a fix from vLLM or SGLang reversed (re-created against
+the PyPI wheel of a release that has the fix, so the diff is what a user of that release would have
+met without it), triaged together with decoys made by rule on the same file (never written per case):
+
+- ``comment``: a comment line above the culprit's first edited line (inert);
+- ``message``: a logger message reworded, else a docstring added to the culprit's function (inert);
+- ``rewrite``: an equal rewrite on the AST: ``x *= a`` -> ``x.mul_(a)``, else ``v == "c"`` ->
+  ``v in ("c",)``, else a local renamed through its function (inert);
+- ``precision``: a risky-but-innocent precision change: the first ``torch.float32`` / ``.float()``
+  outside the culprit's function (or in another file of the same package) made ``bfloat16``.
+
+Wheels are downloaded once with pip into ``~/.cache/speedtrap/incidents`` (``SPEEDTRAP_INCIDENTS_DIR``)
+and unpacked there (Python and text files only); nothing is written into the clone.
+
+Run: ``python benchmarks/bench_triage_incidents.py [--markdown] [--json OUT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speedtrap.triage import PatchReport, from_diff_files, triage
+
+CACHE = Path(os.environ.get("SPEEDTRAP_INCIDENTS_DIR", Path.home() / ".cache" / "speedtrap" / "incidents"))
+_KEEP = (".py", ".json", ".txt", ".md", ".yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    source: str  # the public PR/issue the culprit comes from
+    package: str
+    version: str
+    edits: dict[str, list[tuple[str, str]]]  # file -> (old, new) edits that make the culprit
+    what: str
+    factor: str | None = None  # a factor case: the warning must name these sites
+    sites: tuple[tuple[str, str], ...] = ()  # (file, code on the line) the warning must name
+    base: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # edits that make the base tree
+
+
+V33, V10, S410, S523 = ("vllm", "0.33.0"), ("vllm", "0.10.1.1"), ("sglang", "0.4.10"), ("sglang", "0.5.23")
+FMOE = "vllm/model_executor/layers/fused_moe/layer.py"
+DSV2 = "vllm/model_executor/models/deepseek_v2.py"
+
+CASES = [
+    Case(
+        "vllm-45037",
+        "vllm-project/vllm#45037 (Nemotron accuracy: routed_scaling_factor applied twice, from #41184)",
+        *V33,
+        {FMOE: [("        routed_scaling_factor=routed_scaling_factor\n        if not apply_routed_scale_to_output\n"
+                 "        else 1.0,\n        swiglu_limit", "        routed_scaling_factor=routed_scaling_factor,\n"
+                 "        swiglu_limit")]},
+        "the identity condition dropped from the RoutedExperts argument",
+        "routed_scaling_factor",
+        ((FMOE, "routed_scaling_factor=routed_scaling_factor,"),
+         ("vllm/model_executor/layers/fused_moe/runner/moe_runner.py", "routed_scaling_factor")),
+    ),
+    Case(
+        "vllm-38822",
+        "vllm-project/vllm#49917 (head size 512 advertised arch-blind by #38822; crashes off SM100)",
+        *V33,
+        {"vllm/v1/attention/backends/flashinfer.py": [("return [64, 128, 256]\n", "return [64, 128, 256, 512]\n")]},
+        "a kernel's supported head sizes widened",
+        base={"vllm/v1/attention/backends/flashinfer.py": [("return [64, 128, 256, 512]\n", "return [64, 128, 256]\n")]},
+    ),
+    Case(
+        "vllm-52050",
+        "vllm-project/vllm#52050 (FA4 head-dim 256 must fall back to FA2: seqused_q/k unsupported)",
+        *V33,
+        {"vllm/v1/attention/backends/fa_utils.py": [
+            ("            if not supports_fa4_hd256:\n                fa_version = 2\n            elif (\n", "            if (\n")]},
+        "a kernel-selection fallback removed (FA4 hd256 selected where it is unsupported)",
+    ),
+    Case(
+        "vllm-45720",
+        "vllm-project/vllm#45720 (MiniMax-M3 FP8 KV cache read as float8_e4m3fn on FNUZ platforms)",
+        *V33,
+        {"vllm/models/minimax_m3/common/sparse_attention.py": [
+            ("            self.kv_cache_fp8_dtype = current_platform.fp8_dtype()\n",
+             "            self.kv_cache_fp8_dtype = torch.float8_e4m3fn\n")]},
+        "a KV-cache dtype assignment hard-coded",
+    ),
+    Case(
+        "vllm-25447",
+        "vllm-project/vllm#25447 (CpuGpuBuffer: callers assume zeroed buffers; first revision used empty)",
+        *V33,
+        {"vllm/v1/utils.py": [
+            ("            self.cpu = torch.zeros(\n", "            self.cpu = torch.empty(\n"),
+            ("            self.gpu = torch.zeros_like(self.cpu, device=device)\n",
+             "            self.gpu = torch.empty_like(self.cpu, device=device)\n")]},
+        "empty/empty_like replacing zeros/zeros_like for runtime buffers",
+    ),
+    Case(
+        "vllm-19784",
+        "vllm-project/vllm#19784 (zero-initialise the attention output buffer: NaNs in the profiling run)",
+        *V10,
+        {"vllm/attention/layer.py": [("            output = torch.zeros(output_shape,\n",
+                                      "            output = torch.empty(output_shape,\n")]},
+        "torch.empty replacing torch.zeros for a buffer the kernel accumulates into",
+    ),
+    Case(
+        "vllm-14809",
+        "vllm-project/vllm#14809 (DeepSeek fp16: `residual *= 1/routed_scaling_factor` ran on several layers)",
+        *V10,
+        {DSV2: [("            if self.layer_idx == 0:\n                # The residual is shared by all layers, we only scale it on\n"
+                 "                # first layer.\n                residual *= 1. / self.routed_scaling_factor\n",
+                 "            residual *= 1. / self.routed_scaling_factor\n")]},
+        "a per-layer residual rescale: the first-layer guard dropped",
+        "routed_scaling_factor",
+        ((DSV2, "residual *= 1. / self.routed_scaling_factor"),),
+    ),
+    Case(
+        "vllm-23123",
+        "vllm-project/vllm#24119 (R1 accuracy: routed_scaling_factor multiplied twice, introduced by #23123)",
+        *V10,
+        {
+            "vllm/model_executor/layers/quantization/fp8.py": [
+                ("                    routed_scaling=1.0,\n",
+                 "                    routed_scaling=layer.routed_scaling_factor,\n")],
+            DSV2: [("            e_score_correction_bias=self.gate.e_score_correction_bias,\n            enable_eplb",
+                    "            e_score_correction_bias=self.gate.e_score_correction_bias,\n"
+                    "            routed_scaling_factor=self.routed_scaling_factor,\n            enable_eplb")],
+        },
+        "the identity literal 1.0 passed to the fused kernel replaced by the factor, the model still multiplies",
+        "routed_scaling_factor",
+        ((DSV2, "router_logits=router_logits) * self.routed_scaling_factor"),
+         ("vllm/model_executor/layers/quantization/fp8.py", "routed_scaling=layer.routed_scaling_factor")),
+    ),
+    Case(
+        "sglang-2048",
+        "sgl-project/sglang#2048 (MI300X with overlap: out_cache_loc must be torch.zeros, not torch.empty)",
+        *S410,
+        {"sglang/srt/model_executor/cuda_graph_runner.py": [
+            ("            self.out_cache_loc = torch.zeros((self.max_num_token,), dtype=torch.int64)\n",
+             "            self.out_cache_loc = torch.empty((self.max_num_token,), dtype=torch.int64)\n")]},
+        "a CUDA-graph input buffer allocated uninitialised",
+    ),
+    Case(
+        "sglang-2048-0.5.23",
+        "sgl-project/sglang#2048 again, on the refactored 0.5.23 buffers (runner_utils/buffers.py)",
+        *S523,
+        {"sglang/srt/model_executor/runner_utils/buffers.py": [
+            ("            out_cache_loc = torch.zeros((max_num_token,), dtype=cache_loc_dtype)\n",
+             "            out_cache_loc = torch.empty((max_num_token,), dtype=cache_loc_dtype)\n")]},
+        "a CUDA-graph input buffer allocated uninitialised (later release)",
+    ),
+    Case(
+        "sglang-7233",
+        "sgl-project/sglang#7233 (use seq_len_fill_value in the cuda graph runners)",
+        *S410,
+        {"sglang/srt/model_executor/cuda_graph_runner.py": [
+            ("            self.seq_lens.fill_(self.seq_len_fill_value)\n", "            self.seq_lens.fill_(1)\n")]},
+        "the padded seq_lens of a replayed CUDA graph filled with a constant",
+    ),
+    Case(
+        "sglang-8333",
+        "sgl-project/sglang#8333 (FP4 MoE accuracy: routed_scaling_factor missing in the cutlass path)",
+        *S410,
+        {"sglang/srt/layers/quantization/modelopt_quant.py": [
+            ("        ).to(x.dtype)\n        if routed_scaling_factor is not None:\n            output *= routed_scaling_factor\n"
+             "        return output\n", "        ).to(x.dtype)\n        return output\n")]},
+        "the factor's multiply removed from quant_method.apply",
+        "routed_scaling_factor",
+        (("sglang/srt/layers/quantization/modelopt_quant.py", "output *= routed_scaling_factor"),),
+    ),
+]
+
+
+def _wheel(package: str, version: str) -> Path:
+    wheels = CACHE / "wheels"
+    found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
+    if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", str(wheels)]
+        subprocess.run(cmd, check=True, timeout=1800)
+        found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
+    return found[0]
+
+
+def tree_of(package: str, version: str) -> Path:
+    tree = CACHE / "trees" / f"{package}-{version}"
+    if not (tree / package).is_dir():
+        with zipfile.ZipFile(_wheel(package, version)) as zf:
+            names = [n for n in zf.namelist() if n.startswith(f"{package}/") and n.endswith(_KEEP)]
+            zf.extractall(tree, names)
+    return tree
+
+
+def _apply(text: str, edits: list[tuple[str, str]], where: str) -> str:
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise SystemExit(f"{where}: the edit's old text occurs {text.count(old)} times: {old[:60]!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def _udiff(rel: str, before: str, after: str) -> str:
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+
+
+def _first_line(before: str, edits: list[tuple[str, str]]) -> int:
+    return before[: before.index(edits[0][0])].count("\n") + 1
+
+
+def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    best = None
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or 0):
+            if best is None or n.lineno >= best.lineno:
+                best = n
+    return best
+
+
+def _decoy_comment(text: str, line: int) -> str | None:
+    lines = text.split("\n")
+    indent = re.match(r"\s*", lines[line - 1]).group(0)  # type: ignore[union-attr]
+    lines.insert(line - 1, f"{indent}# decoy: a comment only")
+    return "\n".join(lines)
+
+
+_LOG = re.compile(r"(logger\.(?:info|debug|warning|info_once|warning_once|debug_once)\(\s*)([\"'])")
+
+
+def _decoy_message(text: str, tree: ast.Module, line: int) -> str | None:
+    m = _LOG.search(text)
+    if m:
+        return text[: m.end()] + "[decoy] " + text[m.end():]
+    func = _function_at(tree, line)
+    if func is None or not func.body:
+        return None
+    lines = text.split("\n")
+    body = func.body[0]
+    indent = re.match(r"\s*", lines[body.lineno - 1]).group(0)  # type: ignore[union-attr]
+    lines.insert(body.lineno - 1, f'{indent}"""Decoy docstring."""')
+    return "\n".join(lines)
+
+
+def _decoy_rewrite(text: str, tree: ast.Module) -> str | None:
+    lines = text.split("\n")
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and n.lineno == n.end_lineno
+                and isinstance(n.target, ast.Name)):
+            src = lines[n.lineno - 1]
+            seg = ast.get_source_segment(text, n)
+            if seg and src.count(seg) == 1:
+                lines[n.lineno - 1] = src.replace(seg, f"{n.target.id}.mul_({ast.get_source_segment(text, n.value)})")
+                return "\n".join(lines)
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Eq)
+                and isinstance(n.comparators[0], ast.Constant) and isinstance(n.comparators[0].value, str)
+                and n.lineno == n.end_lineno):
+            seg = ast.get_source_segment(text, n.comparators[0])
+            src = lines[n.lineno - 1]
+            old = f"== {seg}"
+            if seg and src.count(old) == 1:
+                lines[n.lineno - 1] = src.replace(old, f"in ({seg},)")
+                return "\n".join(lines)
+    return None
+
+
+def _decoy_precision(text: str, tree: ast.Module, line: int) -> str | None:
+    func = _function_at(tree, line)
+    skip = range(func.lineno, (func.end_lineno or func.lineno) + 1) if func else range(0)
+    lines = text.split("\n")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and n.attr == "float32" and n.lineno not in skip:
+            src = lines[n.lineno - 1]
+            if src.count("torch.float32") == 1:
+                lines[n.lineno - 1] = src.replace("torch.float32", "torch.bfloat16")
+                return "\n".join(lines)
+    return None
+
+
+@dataclass
+class Result:
+    case: Case
+    culprit: PatchReport | None = None
+    decoys: dict[str, PatchReport] = field(default_factory=dict)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    sites_named: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _site_lines(tree: Path, sites: tuple[tuple[str, str], ...], culprit_files: dict[str, str]) -> list[str]:
+    out = []
+    for rel, code in sites:
+        text = culprit_files.get(rel) or (tree / rel).read_text()
+        nos = [i for i, ln in enumerate(text.split("\n"), 1) if code in ln]
+        out.append("|".join(f"{rel}:{n}" for n in nos) or rel)
+    return out
+
+
+def run_case(case: Case, work: Path) -> Result:
+    res = Result(case)
+    tree = tree_of(case.package, case.version)
+    if case.base:
+        base = work / "base"
+        shutil.copytree(tree, base, copy_function=os.link)
+        for rel, edits in case.base.items():
+            path = base / rel
+            text = _apply(path.read_text(), edits, f"{case.id} base {rel}")
+            path.unlink()
+            path.write_text(text)
+        tree = base
+    diffs: list[Path] = []
+    after: dict[str, str] = {}
+    culprit = []
+    for rel, edits in case.edits.items():
+        before = (tree / rel).read_text()
+        after[rel] = _apply(before, edits, f"{case.id} {rel}")
+        culprit.append(_udiff(rel, before, after[rel]))
+    (work / "culprit.diff").write_text("".join(culprit))
+    diffs.append(work / "culprit.diff")
+    rel, edits = next(iter(case.edits.items()))
+    before = (tree / rel).read_text()
+    parsed = ast.parse(before)
+    line = _first_line(before, edits)
+    makers = {
+        "comment": lambda: _decoy_comment(before, line),
+        "message": lambda: _decoy_message(before, parsed, line),
+        "rewrite": lambda: _decoy_rewrite(before, parsed),
+        "precision": lambda: _decoy_precision(before, parsed, line),
+    }
+    for name, make in makers.items():
+        text = make()
+        if text is None or text == before:
+            res.notes.append(f"no {name} decoy in {rel}")
+            continue
+        (work / f"{name}.diff").write_text(_udiff(rel, before, text))
+        diffs.append(work / f"{name}.diff")
+    start = time.process_time()
+    report = triage(from_diff_files(diffs, tree), case.factor)
+    res.seconds = time.process_time() - start
+    by_name = {p.name: p for p in report.patches}
+    res.culprit = by_name["culprit"]
+    res.decoys = {k: v for k, v in by_name.items() if k != "culprit"}
+    res.warnings = [d.message for d in res.culprit.doubles] + list(res.culprit.missing)
+    if case.factor:
+        wanted = _site_lines(tree, case.sites, after)
+        text = "\n".join(res.warnings)
+        res.sites_named = bool(res.warnings) and all(any(w in text for w in alt.split("|")) for alt in wanted)
+        if not res.sites_named:
+            res.notes.append(f"wanted sites {wanted}")
+    return res
+
+
+def _summary(res: Result) -> dict[str, Any]:
+    assert res.culprit is not None
+    return {
+        "id": res.case.id,
+        "source": res.case.source,
+        "release": f"{res.case.package} {res.case.version}",
+        "what": res.case.what,
+        "culprit_tier": res.culprit.tier,
+        "culprit_reason": res.culprit.ranking.reasons[0] if res.culprit.ranking.reasons else "",
+        "warnings": len(res.warnings),
+        "factor_case": res.case.factor is not None,
+        "sites_named": res.sites_named,
+        "decoy_tiers": {k: v.tier for k, v in res.decoys.items()},
+        "seconds": round(res.seconds, 2),
+        "notes": res.notes,
+        "warning_text": res.warnings[:2],
+    }
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    out = ["| incident | release | culprit tier | warnings (right sites) | decoys: comment / message / rewrite "
+           "/ precision | CPU s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r["decoy_tiers"]
+        decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
+        named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
+        out.append(f"| {r['id']} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
+                   f"| {r['seconds']:.2f} |")
+    n = len(rows)
+    t1 = sum(r["culprit_tier"] == 1 for r in rows)
+    factor = [r for r in rows if r["factor_case"]]
+    inert_over = sum(
+        1 for r in rows for k in ("comment", "message", "rewrite") if r["decoy_tiers"].get(k, 3) != 3
+    )
+    out.append("")
+    out.append(f"Culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
+               f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
+               f"Inert decoys above tier 3: {inert_over}. Factor cases with a warning naming the right sites: "
+               f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
+               f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}.")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--markdown", action="store_true", help="print the table in Markdown")
+    ap.add_argument("--json", type=Path, help="write every row as JSON here")
+    ap.add_argument("--only", help="run only the case with this id")
+    args = ap.parse_args()
+    rows = []
+    for case in CASES:
+        if args.only and case.id != args.only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            row = _summary(run_case(case, Path(tmp)))
+        rows.append(row)
+        if not args.markdown:
+            print(json.dumps(row, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
