@@ -55,19 +55,28 @@ class Case:
 V33, V10, S410, S523 = ("vllm", "0.33.0"), ("vllm", "0.10.1.1"), ("sglang", "0.4.10"), ("sglang", "0.5.23")
 FMOE = "vllm/model_executor/layers/fused_moe/layer.py"
 DSV2 = "vllm/model_executor/models/deepseek_v2.py"
+FMOE_10 = FMOE  # the same path in 0.10.1.1
 
 CASES = [
     Case(
         "vllm-45037",
         "vllm-project/vllm#45037 (Nemotron accuracy: routed_scaling_factor applied twice, from #41184)",
         *V33,
-        {FMOE: [("        routed_scaling_factor=routed_scaling_factor\n        if not apply_routed_scale_to_output\n"
-                 "        else 1.0,\n        swiglu_limit", "        routed_scaling_factor=routed_scaling_factor,\n"
-                 "        swiglu_limit")]},
+        {
+            FMOE: [
+                (
+                    "        routed_scaling_factor=routed_scaling_factor\n        if not apply_routed_scale_to_output\n"
+                    "        else 1.0,\n        swiglu_limit",
+                    "        routed_scaling_factor=routed_scaling_factor,\n        swiglu_limit",
+                )
+            ]
+        },
         "the identity condition dropped from the RoutedExperts argument",
         "routed_scaling_factor",
-        ((FMOE, "routed_scaling_factor=routed_scaling_factor,"),
-         ("vllm/model_executor/layers/fused_moe/runner/moe_runner.py", "routed_scaling_factor")),
+        (
+            (FMOE, "routed_scaling_factor=routed_scaling_factor,"),
+            ("vllm/model_executor/layers/fused_moe/runner/moe_runner.py", "routed_scaling_factor"),
+        ),
     ),
     Case(
         "vllm-38822",
@@ -75,50 +84,78 @@ CASES = [
         *V33,
         {"vllm/v1/attention/backends/flashinfer.py": [("return [64, 128, 256]\n", "return [64, 128, 256, 512]\n")]},
         "a kernel's supported head sizes widened",
-        base={"vllm/v1/attention/backends/flashinfer.py": [("return [64, 128, 256, 512]\n", "return [64, 128, 256]\n")]},
+        base={
+            "vllm/v1/attention/backends/flashinfer.py": [("return [64, 128, 256, 512]\n", "return [64, 128, 256]\n")]
+        },
     ),
     Case(
         "vllm-52050",
         "vllm-project/vllm#52050 (FA4 head-dim 256 must fall back to FA2: seqused_q/k unsupported)",
         *V33,
-        {"vllm/v1/attention/backends/fa_utils.py": [
-            ("            if not supports_fa4_hd256:\n                fa_version = 2\n            elif (\n", "            if (\n")]},
+        {
+            "vllm/v1/attention/backends/fa_utils.py": [
+                (
+                    "            if not supports_fa4_hd256:\n                fa_version = 2\n            elif (\n",
+                    "            if (\n",
+                )
+            ]
+        },
         "a kernel-selection fallback removed (FA4 hd256 selected where it is unsupported)",
     ),
     Case(
         "vllm-45720",
         "vllm-project/vllm#45720 (MiniMax-M3 FP8 KV cache read as float8_e4m3fn on FNUZ platforms)",
         *V33,
-        {"vllm/models/minimax_m3/common/sparse_attention.py": [
-            ("            self.kv_cache_fp8_dtype = current_platform.fp8_dtype()\n",
-             "            self.kv_cache_fp8_dtype = torch.float8_e4m3fn\n")]},
+        {
+            "vllm/models/minimax_m3/common/sparse_attention.py": [
+                (
+                    "            self.kv_cache_fp8_dtype = current_platform.fp8_dtype()\n",
+                    "            self.kv_cache_fp8_dtype = torch.float8_e4m3fn\n",
+                )
+            ]
+        },
         "a KV-cache dtype assignment hard-coded",
     ),
     Case(
         "vllm-25447",
         "vllm-project/vllm#25447 (CpuGpuBuffer: callers assume zeroed buffers; first revision used empty)",
         *V33,
-        {"vllm/v1/utils.py": [
-            ("            self.cpu = torch.zeros(\n", "            self.cpu = torch.empty(\n"),
-            ("            self.gpu = torch.zeros_like(self.cpu, device=device)\n",
-             "            self.gpu = torch.empty_like(self.cpu, device=device)\n")]},
+        {
+            "vllm/v1/utils.py": [
+                ("            self.cpu = torch.zeros(\n", "            self.cpu = torch.empty(\n"),
+                (
+                    "            self.gpu = torch.zeros_like(self.cpu, device=device)\n",
+                    "            self.gpu = torch.empty_like(self.cpu, device=device)\n",
+                ),
+            ]
+        },
         "empty/empty_like replacing zeros/zeros_like for runtime buffers",
     ),
     Case(
         "vllm-19784",
         "vllm-project/vllm#19784 (zero-initialise the attention output buffer: NaNs in the profiling run)",
         *V10,
-        {"vllm/attention/layer.py": [("            output = torch.zeros(output_shape,\n",
-                                      "            output = torch.empty(output_shape,\n")]},
+        {
+            "vllm/attention/layer.py": [
+                ("            output = torch.zeros(output_shape,\n", "            output = torch.empty(output_shape,\n")
+            ]
+        },
         "torch.empty replacing torch.zeros for a buffer the kernel accumulates into",
     ),
     Case(
         "vllm-14809",
         "vllm-project/vllm#14809 (DeepSeek fp16: `residual *= 1/routed_scaling_factor` ran on several layers)",
         *V10,
-        {DSV2: [("            if self.layer_idx == 0:\n                # The residual is shared by all layers, we only scale it on\n"
-                 "                # first layer.\n                residual *= 1. / self.routed_scaling_factor\n",
-                 "            residual *= 1. / self.routed_scaling_factor\n")]},
+        {
+            DSV2: [
+                (
+                    "            if self.layer_idx == 0:\n"
+                    "                # The residual is shared by all layers, we only scale it on\n"
+                    "                # first layer.\n                residual *= 1. / self.routed_scaling_factor\n",
+                    "            residual *= 1. / self.routed_scaling_factor\n",
+                )
+            ]
+        },
         "a per-layer residual rescale: the first-layer guard dropped",
         "routed_scaling_factor",
         ((DSV2, "residual *= 1. / self.routed_scaling_factor"),),
@@ -129,50 +166,86 @@ CASES = [
         *V10,
         {
             "vllm/model_executor/layers/quantization/fp8.py": [
-                ("                    routed_scaling=1.0,\n",
-                 "                    routed_scaling=layer.routed_scaling_factor,\n")],
-            DSV2: [("            e_score_correction_bias=self.gate.e_score_correction_bias,\n            enable_eplb",
+                (
+                    "                    routed_scaling=1.0,\n",
+                    "                    routed_scaling=layer.routed_scaling_factor,\n",
+                )
+            ],
+            FMOE_10: [
+                (
+                    "        has_bias: bool = False,\n    ):\n        super().__init__()\n",
+                    "        has_bias: bool = False,\n        routed_scaling_factor: float = 1.0,\n    ):\n"
+                    "        super().__init__()\n        self.routed_scaling_factor = routed_scaling_factor\n",
+                )
+            ],
+            DSV2: [
+                (
+                    "            e_score_correction_bias=self.gate.e_score_correction_bias,\n            enable_eplb",
                     "            e_score_correction_bias=self.gate.e_score_correction_bias,\n"
-                    "            routed_scaling_factor=self.routed_scaling_factor,\n            enable_eplb")],
+                    "            routed_scaling_factor=self.routed_scaling_factor,\n            enable_eplb",
+                )
+            ],
         },
         "the identity literal 1.0 passed to the fused kernel replaced by the factor, the model still multiplies",
         "routed_scaling_factor",
-        ((DSV2, "router_logits=router_logits) * self.routed_scaling_factor"),
-         ("vllm/model_executor/layers/quantization/fp8.py", "routed_scaling=layer.routed_scaling_factor")),
+        (
+            (DSV2, "router_logits=router_logits) * self.routed_scaling_factor"),
+            ("vllm/model_executor/layers/quantization/fp8.py", "routed_scaling=layer.routed_scaling_factor"),
+        ),
     ),
     Case(
         "sglang-2048",
         "sgl-project/sglang#2048 (MI300X with overlap: out_cache_loc must be torch.zeros, not torch.empty)",
         *S410,
-        {"sglang/srt/model_executor/cuda_graph_runner.py": [
-            ("            self.out_cache_loc = torch.zeros((self.max_num_token,), dtype=torch.int64)\n",
-             "            self.out_cache_loc = torch.empty((self.max_num_token,), dtype=torch.int64)\n")]},
+        {
+            "sglang/srt/model_executor/cuda_graph_runner.py": [
+                (
+                    "            self.out_cache_loc = torch.zeros((self.max_num_token,), dtype=torch.int64)\n",
+                    "            self.out_cache_loc = torch.empty((self.max_num_token,), dtype=torch.int64)\n",
+                )
+            ]
+        },
         "a CUDA-graph input buffer allocated uninitialised",
     ),
     Case(
         "sglang-2048-0.5.23",
         "sgl-project/sglang#2048 again, on the refactored 0.5.23 buffers (runner_utils/buffers.py)",
         *S523,
-        {"sglang/srt/model_executor/runner_utils/buffers.py": [
-            ("            out_cache_loc = torch.zeros((max_num_token,), dtype=cache_loc_dtype)\n",
-             "            out_cache_loc = torch.empty((max_num_token,), dtype=cache_loc_dtype)\n")]},
+        {
+            "sglang/srt/model_executor/runner_utils/buffers.py": [
+                (
+                    "            out_cache_loc = torch.zeros((max_num_token,), dtype=cache_loc_dtype)\n",
+                    "            out_cache_loc = torch.empty((max_num_token,), dtype=cache_loc_dtype)\n",
+                )
+            ]
+        },
         "a CUDA-graph input buffer allocated uninitialised (later release)",
     ),
     Case(
         "sglang-7233",
         "sgl-project/sglang#7233 (use seq_len_fill_value in the cuda graph runners)",
         *S410,
-        {"sglang/srt/model_executor/cuda_graph_runner.py": [
-            ("            self.seq_lens.fill_(self.seq_len_fill_value)\n", "            self.seq_lens.fill_(1)\n")]},
+        {
+            "sglang/srt/model_executor/cuda_graph_runner.py": [
+                ("            self.seq_lens.fill_(self.seq_len_fill_value)\n", "            self.seq_lens.fill_(1)\n")
+            ]
+        },
         "the padded seq_lens of a replayed CUDA graph filled with a constant",
     ),
     Case(
         "sglang-8333",
         "sgl-project/sglang#8333 (FP4 MoE accuracy: routed_scaling_factor missing in the cutlass path)",
         *S410,
-        {"sglang/srt/layers/quantization/modelopt_quant.py": [
-            ("        ).to(x.dtype)\n        if routed_scaling_factor is not None:\n            output *= routed_scaling_factor\n"
-             "        return output\n", "        ).to(x.dtype)\n        return output\n")]},
+        {
+            "sglang/srt/layers/quantization/modelopt_quant.py": [
+                (
+                    "        ).to(x.dtype)\n        if routed_scaling_factor is not None:\n"
+                    "            output *= routed_scaling_factor\n"
+                    "        return output\n",
+                    "        ).to(x.dtype)\n        return output\n",
+                )
+            ]
+        },
         "the factor's multiply removed from quant_method.apply",
         "routed_scaling_factor",
         (("sglang/srt/layers/quantization/modelopt_quant.py", "output *= routed_scaling_factor"),),
@@ -185,8 +258,20 @@ def _wheel(package: str, version: str) -> Path:
     found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
     if not found:
         wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", str(wheels)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            f"{package}=={version}",
+            "-d",
+            str(wheels),
+        ]
         subprocess.run(cmd, check=True, timeout=1800)
         found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
     return found[0]
@@ -220,9 +305,9 @@ def _first_line(before: str, edits: list[tuple[str, str]]) -> int:
 def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     best = None
     for n in ast.walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or 0):
-            if best is None or n.lineno >= best.lineno:
-                best = n
+        inside = isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.lineno <= line <= (n.end_lineno or 0)
+        if inside and (best is None or n.lineno >= best.lineno):
+            best = n
     return best
 
 
@@ -239,7 +324,7 @@ _LOG = re.compile(r"(logger\.(?:info|debug|warning|info_once|warning_once|debug_
 def _decoy_message(text: str, tree: ast.Module, line: int) -> str | None:
     m = _LOG.search(text)
     if m:
-        return text[: m.end()] + "[decoy] " + text[m.end():]
+        return text[: m.end()] + "[decoy] " + text[m.end() :]
     func = _function_at(tree, line)
     if func is None or not func.body:
         return None
@@ -253,17 +338,26 @@ def _decoy_message(text: str, tree: ast.Module, line: int) -> str | None:
 def _decoy_rewrite(text: str, tree: ast.Module) -> str | None:
     lines = text.split("\n")
     for n in ast.walk(tree):
-        if (isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and n.lineno == n.end_lineno
-                and isinstance(n.target, ast.Name)):
+        if (
+            isinstance(n, ast.AugAssign)
+            and isinstance(n.op, ast.Mult)
+            and n.lineno == n.end_lineno
+            and isinstance(n.target, ast.Name)
+        ):
             src = lines[n.lineno - 1]
             seg = ast.get_source_segment(text, n)
             if seg and src.count(seg) == 1:
                 lines[n.lineno - 1] = src.replace(seg, f"{n.target.id}.mul_({ast.get_source_segment(text, n.value)})")
                 return "\n".join(lines)
     for n in ast.walk(tree):
-        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Eq)
-                and isinstance(n.comparators[0], ast.Constant) and isinstance(n.comparators[0].value, str)
-                and n.lineno == n.end_lineno):
+        if (
+            isinstance(n, ast.Compare)
+            and len(n.ops) == 1
+            and isinstance(n.ops[0], ast.Eq)
+            and isinstance(n.comparators[0], ast.Constant)
+            and isinstance(n.comparators[0].value, str)
+            and n.lineno == n.end_lineno
+        ):
             seg = ast.get_source_segment(text, n.comparators[0])
             src = lines[n.lineno - 1]
             old = f"== {seg}"
@@ -301,8 +395,13 @@ def _site_lines(tree: Path, sites: tuple[tuple[str, str], ...], culprit_files: d
     out = []
     for rel, code in sites:
         text = culprit_files.get(rel) or (tree / rel).read_text()
-        nos = [i for i, ln in enumerate(text.split("\n"), 1) if code in ln]
-        out.append("|".join(f"{rel}:{n}" for n in nos) or rel)
+        stmts = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.stmt) and not hasattr(n, "body")]
+        nos: list[int] = []
+        for i, ln in enumerate(text.split("\n"), 1):
+            if code in ln:  # any line of the statement holding it names the site
+                span = [s for s in stmts if s.lineno <= i <= (s.end_lineno or s.lineno)]
+                nos.extend(range(span[0].lineno, (span[0].end_lineno or i) + 1) if span else [i])
+        out.append("|".join(f"{rel}:{n}" for n in sorted(set(nos))) or rel)
     return out
 
 
@@ -380,26 +479,31 @@ def _summary(res: Result) -> dict[str, Any]:
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
-    out = ["| incident | release | culprit tier | warnings (right sites) | decoys: comment / message / rewrite "
-           "/ precision | CPU s |", "|---|---|---|---|---|---|"]
+    out = [
+        "| incident | release | culprit tier | warnings (right sites) | decoys: comment / message / rewrite "
+        "/ precision | CPU s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         d = r["decoy_tiers"]
         decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
-        out.append(f"| {r['id']} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
-                   f"| {r['seconds']:.2f} |")
+        out.append(
+            f"| {r['id']} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
+            f"| {r['seconds']:.2f} |"
+        )
     n = len(rows)
     t1 = sum(r["culprit_tier"] == 1 for r in rows)
     factor = [r for r in rows if r["factor_case"]]
-    inert_over = sum(
-        1 for r in rows for k in ("comment", "message", "rewrite") if r["decoy_tiers"].get(k, 3) != 3
-    )
+    inert_over = sum(1 for r in rows for k in ("comment", "message", "rewrite") if r["decoy_tiers"].get(k, 3) != 3)
     out.append("")
-    out.append(f"Culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
-               f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
-               f"Inert decoys above tier 3: {inert_over}. Factor cases with a warning naming the right sites: "
-               f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
-               f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}.")
+    out.append(
+        f"Culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
+        f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
+        f"Inert decoys above tier 3: {inert_over}. Factor cases with a warning naming the right sites: "
+        f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
+        f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}."
+    )
     return "\n".join(out)
 
 

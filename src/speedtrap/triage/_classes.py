@@ -152,6 +152,21 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                 data={"kind": "widened", "widened": True, "names": [key[1]]},
             )
         )
+    kept = {(new.qualname(n), ast.dump(n.test)) for n in new.nodes if isinstance(n, ast.If)}
+    for node in old.nodes_on_lines(cf.removed):
+        if not isinstance(node, ast.If) or not _WIDE_NAME.search(short(node.test, 200)):
+            continue
+        if (old.qualname(node), ast.dump(node.test)) in kept:
+            continue
+        out.append(
+            Signal(
+                GUARD,
+                f"removes the selection `if {short(node.test, 80)}: {short(node.body[0], 60)}` "
+                f"({old.qualname(node).replace('<module>', 'module level')}): what it refused or redirected now runs",
+                (_ev(cf, node.lineno, "-"),),
+                data={"kind": "widened", "widened": True, "names": []},
+            )
+        )
     old_tests = _conditions(old, cf.removed)
     new_tests = _conditions(new, cf.added)
     for cond_key, tests in new_tests.items():

@@ -94,10 +94,37 @@ class Flow:
             return parent, f"{last_name(parent.func)}()"
         return None
 
+    def resolves(self, mod: Module, node: ast.AST) -> bool:
+        """Whether the call that ``node`` is an argument of resolves to a definition in the tree (a value
+        passed to a callee that cannot be read is not known to reach nothing)."""
+        cur, parent = node, mod.parent(node)
+        while isinstance(parent, ast.IfExp) and parent.test is not cur:
+            cur, parent = parent, mod.parent(parent)
+        call = mod.parent(parent) if isinstance(parent, ast.keyword) else parent
+        if not isinstance(call, ast.Call):
+            return True
+        targets = self.resolver.callees(mod, call)
+        if not targets:
+            return False
+        if isinstance(parent, ast.keyword) and parent.arg:
+            for target in targets:
+                func, _ = _entry(target)
+                if func is None:
+                    return False
+                named = {a.arg for a in [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]}
+                if parent.arg not in named and func.args.kwarg is not None:
+                    return False  # taken by **kwargs: where it goes is not read here
+        return True
+
     def _into(self, mod: Module, call: ast.Call, kw: str | None, pos: int | None, depth: int) -> list[Reach]:
-        target = self.resolver.callee(mod, call)
-        if target is None:
-            return []
+        out: list[Reach] = []
+        for target in self.resolver.callees(mod, call):
+            out.extend(self._into_one(mod, call, target, kw, pos, depth))
+        return out
+
+    def _into_one(
+        self, mod: Module, call: ast.Call, target: Resolved, kw: str | None, pos: int | None, depth: int
+    ) -> list[Reach]:
         func, is_method = _entry(target)
         if func is None:
             return []
@@ -213,7 +240,7 @@ class IdentityChange:
             more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
             return f"{self.change}: {self.factor} now flows ({where}); it reaches {first}{more}"
         verb = "removes" if self.change == "identity removed" else "changes"
-        first = self.reaches[0].describe() if self.reaches else "no multiply found"
+        first = self.reaches[0].describe() if self.reaches else "a callee not read here (unresolved or **kwargs)"
         more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
         return (
             f"{verb} the condition `{self.when}` that selected {self.identity} for {self.factor} "

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from speedtrap.triage._flow import Flow, IdentityChange, Reach
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._pyast import Module
-from speedtrap.triage._trace import MULTIPLY, DoubleApplication, Site, aliases_of, clash
+from speedtrap.triage._trace import MULTIPLY, PASS, DoubleApplication, Site, aliases_of, clash, make_site
 from speedtrap.triage._units import Units
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -47,13 +47,23 @@ def _uses(mod: Module, func: ast.AST, factor: str, skip: ast.AST) -> list[ast.AS
     return out
 
 
+def _passed(mod: Module, node: ast.AST) -> bool:
+    """Whether a value is passed as a call argument (through a conditional expression)."""
+    cur, parent = node, mod.parent(node)
+    while isinstance(parent, ast.IfExp) and parent.test is not cur:
+        cur, parent = parent, mod.parent(parent)
+    return isinstance(parent, ast.keyword) or (isinstance(parent, ast.Call) and cur in parent.args)
+
+
 def sibling_doubles(
     change: IdentityChange, new: Module, flow: Flow, patch: str, aliases: Mapping[str, set[str]]
 ) -> list[DoubleApplication]:
     """Other uses of the factor in the same function whose multiplies now run together with the changed one's."""
     func = next((a for a in new.ancestors(change.new_node) if isinstance(a, _FUNCS)), None)
-    if func is None or not change.reaches:
+    if func is None:
         return []
+    # Where the factor now goes: the multiplies it reaches, or (a callee not read here) the argument itself.
+    here = change.reaches[0] if change.reaches else Reach(make_site(new, change.new_node, PASS, "argument", ""), ())
     slot_root: ast.AST = change.new_node
     parent = new.parent(slot_root)
     while isinstance(parent, (ast.IfExp, ast.keyword)):
@@ -68,9 +78,11 @@ def sibling_doubles(
         if not newly and not change.unconditional:
             continue
         theirs = [r for r in flow.reaches(new, use) if r.site.where not in mine]
+        if not theirs and not change.reaches and _passed(new, use):
+            theirs = [Reach(make_site(new, use, PASS, "argument", ""), ())]
         if not theirs:
             continue
-        a, b = change.reaches[0], theirs[0]
+        a, b = here, theirs[0]
         code = new.line(getattr(use, "lineno", 0))
         relation = (
             f"same path: both reached from {change.function} ({change.file}): `{change.after}` "

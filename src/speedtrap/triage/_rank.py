@@ -111,6 +111,8 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     if best is None and declared.get("scope"):
         level = EVERY_LAYER if "every layer" in str(declared["scope"]) else SOME_LAYERS
     exposure = _EXPOSURE[level]
+    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION)):
+        exposure = 1  # a buffer allocated or a dtype chosen at construction is read on every step
     points["exposure"] = exposure
     if best is not None:
         reasons.append(_exposure_words(best))

@@ -134,6 +134,27 @@ class Resolver:
             return self.resolve(target, func.attr) if target else None
         return None
 
+    def callees(self, mod: Module, call: ast.Call) -> list[Resolved]:
+        """Every definition a call may run: :meth:`callee`, or, for a local bound to a class or function in
+        several places (``cls = Default`` / ``cls = Substitute``), each of them."""
+        found = self.callee(mod, call)
+        if found is not None or not isinstance(call.func, ast.Name):
+            return [found] if found is not None else []
+        func = next((a for a in mod.ancestors(call) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+        out: list[Resolved] = []
+        for node in ast.walk(func) if func is not None else []:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == call.func.id
+                and isinstance(node.value, ast.Name)
+            ):
+                target = self.resolve(mod.path, node.value.id)
+                if target is not None and all(t.node is not target.node for t in out):
+                    out.append(target)
+        return out
+
     def exporters(self, file: str, name: str) -> list[tuple[str, str]]:
         """Package ``__init__`` files that re-export ``name`` as defined in ``file``, with the name they
         export it under (``from .mod import f as g`` exports ``g``)."""

@@ -11,6 +11,7 @@ from typing import Any
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
 from speedtrap.triage._changes import ChangedFile, lay_patch
+from speedtrap.triage._counts import count_warnings
 from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
@@ -148,6 +149,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                 bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
                 doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
                 missing = missing_applications(sig.identity, units, bases)
+            if units is not None:
+                changed = {f.path for f in files if f.is_python}
+                missing += count_warnings(sig, post, units, sites_of, changed, doubles)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"

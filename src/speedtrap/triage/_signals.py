@@ -48,6 +48,7 @@ __all__ = [
     "analyze",
 ]
 
+_FACTOR_NAME = re.compile(r"scal|factor|coef|multiplier|gamma|alpha", re.I)
 _DECODE = re.compile(r"decode|kv_?cache|kv_?store|past_key|paged|cache", re.I)
 _PREFILL = re.compile(r"prefill|extend|chunk|prompt", re.I)
 
@@ -155,8 +156,9 @@ def _identity_signals(
     changes = identity_changes(cf.path, old, new, cf.removed, flow)
     changes += literal_changes(cf.path, old, new, cf.added, cf.removed, flow)
     for change in changes:
-        if not change.reaches and not change.unconditional:
-            continue
+        unread = not change.reaches and not flow.resolves(new, change.new_node)
+        if not change.reaches and not change.unconditional and not (unread and _FACTOR_NAME.search(change.factor)):
+            continue  # the value provably reaches no multiply
         found.append(change)
         evidence = (
             *(

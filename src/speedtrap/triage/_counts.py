@@ -1,0 +1,103 @@
+"""Is the factor still applied exactly once? Warnings, with the sites named, for the changes the
+double-application search does not cover:
+
+- a multiply of the factor removed: the multiplies that still apply it on that path, or none;
+- a multiply whose conditions or loop changed: it now runs in other cases or more often;
+- a factor now passed into a callee that is not read here (a registered op, ``**kwargs``): the
+  multiplies of the factor on the same path, or, when the tree has only a few, all of them (said so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from speedtrap.triage._flow import IdentityChange
+from speedtrap.triage._index import SourceIndex
+from speedtrap.triage._signals import SCALE, PatchSignals
+from speedtrap.triage._trace import MULTIPLY, DoubleApplication, Site, python_sites
+from speedtrap.triage._units import Units
+
+_FEW = 6
+
+
+def _multiplies(factor: str, post: SourceIndex, base: list[Site], changed: set[str]) -> list[Site]:
+    out = [s for s in base if s.role == MULTIPLY and s.method == "ast" and s.file not in changed]
+    for rel in sorted(changed):
+        mod = post.module(rel)
+        if mod is not None:
+            out.extend(s for s in python_sites(mod, factor) if s.role == MULTIPLY)
+    return out
+
+
+def _related(units: Units, file: str, unit: str | None, sites: list[Site]) -> list[Site]:
+    return [s for s in sites if units.relation(file, unit, s.file, s.unit) is not None]
+
+
+def _names(sites: list[Site]) -> str:
+    return ", ".join(f"`{s.code}` at {s.where} ({s.function})" for s in sites[:4]) + (
+        f" and {len(sites) - 4} more" if len(sites) > 4 else ""
+    )
+
+
+def count_warnings(
+    sig: PatchSignals,
+    post: SourceIndex,
+    units: Units,
+    sites_of: Callable[[str], list[Site]],
+    changed: set[str],
+    doubles: list[DoubleApplication],
+) -> list[str]:
+    out: list[str] = []
+    for s in sig.of(SCALE):
+        factor = s.data.get("factor", "")
+        change = s.data.get("change")
+        if not factor.isidentifier() or any(d.symbol == factor for d in doubles):
+            continue
+        if change == "removed":
+            gone = next((e for e in s.evidence if e.side == "-"), None)
+            if gone is None:
+                continue
+            mod = post.module(gone.file)
+            unit = next(iter(s.summary.split(" from ", 1)[1:]), "").split(".")[0] or None
+            still = _related(units, gone.file, unit, _multiplies(factor, post, sites_of(factor), changed))
+            head = f"the patch removes `{gone.text.strip()}` at {gone.file}:{gone.line}"
+            if still:
+                out.append(
+                    f"{head}; {factor} is still applied on that path at {_names(still)}: "
+                    "check that every path applies it exactly once"
+                )
+            elif mod is not None:
+                out.append(f"{head}; no other multiply of {factor} on that path: the factor may be applied nowhere now")
+        elif change in ("guard changed", "repeat changed"):
+            sites = [e for e in s.evidence if e.side == "+"]
+            if sites:
+                where = ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in sites[:3])
+                out.append(f"{factor} is applied in other cases or more often now: {where} ({s.summary})")
+    for ident in sig.identity:
+        where = f"{ident.file}:{ident.new_line}"
+        if ident.reaches or ident.removes_application or any(where in d.message for d in doubles):
+            continue
+        out.extend(_unread(ident, post, units, sites_of, changed))
+    return out
+
+
+def _unread(
+    ident: IdentityChange, post: SourceIndex, units: Units, sites_of: Callable[[str], list[Site]], changed: set[str]
+) -> list[str]:
+    everywhere = _multiplies(ident.factor, post, sites_of(ident.factor), changed)
+    unit = ident.function.split(".")[0] if ident.function != "<module>" else None
+    near = _related(units, ident.file, unit, everywhere)
+    head = (
+        f"{ident.factor} now flows into a callee not read here (`{ident.after}` at {ident.file}:{ident.new_line}, "
+        f"{ident.slot})"
+    )
+    if near:
+        return [f"{head}; on the same path it is already applied at {_names(near)}: a possible double application"]
+    if 0 < len(everywhere) <= _FEW:
+        return [
+            f"{head}; the tree applies it at {_names(everywhere)} (their path to it is not proven): "
+            "a possible double application"
+        ]
+    if everywhere:
+        return [f"{head}; {len(everywhere)} other multiplies of it in the tree: pass the served model to narrow them"]
+    return [f"{head}; no multiply of it elsewhere in the tree: check the callee applies it exactly once"]
