@@ -34,6 +34,9 @@ PlanOpt = Annotated[
 @app.command("triage")
 @user_errors
 def triage_cmd(
+    more: Annotated[
+        list[Path] | None, typer.Argument(help="More diff files after --patch (--patch a.diff b.diff).", hidden=True)
+    ] = None,
     patch: PatchOpt = None,
     range_: RangeOpt = None,
     repo: RepoOpt = None,
@@ -48,6 +51,10 @@ def triage_cmd(
     from speedtrap.triage import from_diff_files, from_git_range, from_manifest, from_target, render_plan, trace_symbol
     from speedtrap.triage import triage as run_triage
 
+    if more:
+        if not patch:
+            raise UsageError(f"unexpected argument {str(more[0])!r}", "pass diff files with --patch FILE...")
+        patch = [*patch, *more]
     chosen = [
         n for n, v in (("--patch", patch), ("--range", range_), ("--manifest", manifest), ("--target", target)) if v
     ]
@@ -135,7 +142,11 @@ def _print_sites(trace: object, warn: bool = True) -> None:
     from speedtrap.triage import TraceResult
 
     assert isinstance(trace, TraceResult)
-    table = Table("site", "function", "role", "guarded by", title=f"{len(trace.sites)} sites of {trace.symbol}")
+    table = Table(title=f"{len(trace.sites)} sites of {trace.symbol}")
+    table.add_column("site", overflow="fold", min_width=24)  # wrap a long path, never cut it
+    table.add_column("function", overflow="fold")
+    table.add_column("role")
+    table.add_column("guarded by", overflow="fold")
     for s in trace.sites:
         role = s.role if s.method == "ast" else f"{s.role} ({s.method})"
         table.add_row(s.where, s.function, role, "\n".join(s.guards) or "-")

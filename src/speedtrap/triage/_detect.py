@@ -406,9 +406,13 @@ def gating(cf: ChangedFile, new: Module) -> tuple[str, str, list[Evidence]] | No
     stmts = new.statements_touching(cf.added)
     for stmt in stmts:
         for g in new.guards(stmt):
+            # A switch selects the changed code only when the code runs with it on: conditions it runs
+            # without (else branches, early exits such as validation raises) do not gate it.
+            if not g.holds or g.how == "early exit":
+                continue
             nodes.extend(ast.walk(g.test))
             names = [n for n in condition_names(g.test) if _FLAGLIKE.search(n)]
-            if names or "config" in ast.unparse(g.test):
+            if names or (g.line in cf.added and "config" in ast.unparse(g.test)):
                 config.append(((names or condition_names(g.test) or [""])[0], g.line))
     for node in nodes:
         line = getattr(node, "lineno", 0)

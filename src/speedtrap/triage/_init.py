@@ -58,9 +58,20 @@ def init_manifest(repo: Path, rng: str) -> InitResult:
     commits = [line.split("\x00", 1) for line in listing.splitlines() if "\x00" in line]
     names = _names([s for _, s in commits])
     specs = [PatchSpec(n, commit=sha) for n, (sha, _) in zip(names, commits, strict=True)]
-    top, base, resolved = resolve_commits_in(Path(repo), a, specs)
-    if not resolved:
+    if not commits:
         raise UsageError(f"the range {rng} holds no commits (merges are skipped)", "check it with `git log A..B`")
+    note = ""
+    head_sha = _git(Path(repo), "rev-parse", "--verify", "--quiet", f"{b}^{{commit}}").strip()
+    at = _git(Path(repo), "rev-parse", "HEAD").strip()
+    if at != head_sha and _git(Path(repo), "merge-base", at, head_sha).strip() != head_sha:
+        # The checkout is behind the range's head (e.g. at BASE): triage reads the range as given, and the
+        # manifest says what bisect needs (the commits on the checked-out branch).
+        top = Path(_git(Path(repo), "rev-parse", "--show-toplevel").strip())
+        base = _git(Path(repo), "rev-parse", f"{a}^{{commit}}").strip()
+        resolved: tuple[Any, ...] = tuple(specs)
+        note = f"check out {b} (or a branch holding it) before `speedtrap bisect`: the checkout is at {at[:12]}"
+    else:
+        top, base, resolved = resolve_commits_in(Path(repo), a, specs)
     patch_set = from_git_range(top, rng, None)
     try:
         report = triage(patch_set)
@@ -72,7 +83,10 @@ def init_manifest(repo: Path, rng: str) -> InitResult:
         rep = by_origin.get(f"commit {sha[:12]}")
         rows.append(_row(spec.name, sha, subject, rep))
     prior = [r["name"] for r in rows if r["tier"] == 1]
-    return InitResult(_render(top, base, rng, rows, prior), tuple(rows), base)
+    text = _render(top, base, rng, rows, prior)
+    if note:
+        text = f"# NOTE: {note}\n{text}"
+    return InitResult(text, tuple(rows), base)
 
 
 def _row(name: str, sha: str, subject: str, rep: PatchReport | None) -> dict[str, Any]:

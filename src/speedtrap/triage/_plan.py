@@ -103,7 +103,11 @@ def _questions(p: PatchReport, source: list[str]) -> list[tuple[str, str]]:
                 f"A/B it ({off}) and compare next-token distributions by position, not only short-prompt accuracy.",
                 _cmd("speedtrap", "check", "equivalence", "--target", "smol-moe", "--patches", p.name)
                 if "--target" in source
-                else "A/B by the switch above; compare logprobs at long context",
+                else (
+                    f"A/B by the switch above ({off}); compare logprobs at long context"
+                    if p.gate.kind in (ENV, FLAG, CONFIG)
+                    else f"ungated: A/B needs two builds ({off}); compare logprobs at long context"
+                ),
             )
         )
     best = sig.best_hot_path

@@ -162,6 +162,5 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
             trace.added.extend(added_sites)
             trace.double_applications.extend(d for d in doubles if d.symbol == symbol)
     reports.sort(key=lambda r: (r.tier, -r.ranking.score))
-    return TriageReport(
-        patch_set.label, str(tree) if tree else None, reports, trace, time.perf_counter() - start, warnings
-    )
+    shown = patch_set.tree_label or (str(tree) if tree else None)
+    return TriageReport(patch_set.label, shown, reports, trace, time.perf_counter() - start, warnings)

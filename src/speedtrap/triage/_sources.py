@@ -52,6 +52,7 @@ class PatchSet:
     label: str
     cli_args: list[str] = field(default_factory=list)  # how to name this source again on the command line
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    tree_label: str | None = None  # how to name the tree when it is a temporary export (removed on close)
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -143,7 +144,9 @@ def from_git_range(repo: Path, rng: str, tree: Path | None) -> PatchSet:
         tmp = _archive(repo, a)
         tree = Path(tmp.name)
     args = ["--range", rng, "--repo", str(repo)] + (["--tree", str(given_tree)] if given_tree else [])
-    return PatchSet(patches, tree, f"{len(patches)} commit(s) {rng} in {repo}", args, tmp)
+    label = f"{len(patches)} commit(s) {rng} in {repo}"
+    exported = f"{a} of {repo} (a temporary export, removed after the run)" if tmp is not None else None
+    return PatchSet(patches, tree, label, args, tmp, exported)
 
 
 def from_manifest(path: Path, tree: Path | None) -> PatchSet:
