@@ -26,6 +26,10 @@ TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The source tree th
 SymbolOpt = Annotated[
     str | None, typer.Option("--symbol", help="List every site of this name, e.g. routed_scaling_factor.")
 ]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="The served model: its class, a config.json or its folder; ranks what it runs first."),
+]
 PlanOpt = Annotated[
     Path | None, typer.Option("--plan", help="Write the diagnostic plan (Markdown) here; '-' for stdout.")
 ]
@@ -45,6 +49,7 @@ def triage_cmd(
     tree: TreeOpt = None,
     symbol: SymbolOpt = None,
     plan: PlanOpt = None,
+    model: ModelOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Rank patches from their diffs (tiers with reasons), trace a factor, write a diagnostic plan."""
@@ -90,7 +95,7 @@ def triage_cmd(
     else:
         patch_set = from_diff_files(list(patch or []), tree)
     try:
-        report = run_triage(patch_set, symbol)
+        report = run_triage(patch_set, symbol, model)
         markdown = render_plan(report, patch_set.cli_args)
     finally:
         patch_set.close()

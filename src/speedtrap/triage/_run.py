@@ -17,6 +17,7 @@ from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._paths import missing_applications, path_doubles
 from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
+from speedtrap.triage._reach import reachable
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
 from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
@@ -89,8 +90,9 @@ class TriageReport:
         }
 
 
-def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
-    """Rank the patches of ``patch_set``; with ``symbol``, also list every site of it in the tree."""
+def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = None) -> TriageReport:
+    """Rank the patches of ``patch_set``; with ``symbol``, also list every site of it in the tree; with
+    ``model`` (a class name, a config.json or its folder), rank the changes the served model can run first."""
     start = time.perf_counter()
     if symbol is not None and not symbol.isidentifier():
         raise UsageError(f"--symbol {symbol!r} is not a Python identifier", "pass a name such as routed_scaling_factor")
@@ -105,6 +107,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
         warnings.append("no source tree: signals are read from the diffs alone (no hot-path analysis, no factor trace)")
     if symbol and index is None:
         raise UsageError("--symbol needs the source tree", "pass --tree (or use --range/--target, which know it)")
+    if model and index is None:
+        raise UsageError("--model needs the source tree", "pass --tree (or use --range/--target, which know it)")
+    reach = reachable(index, model) if model and index is not None else None
     base_sites: dict[str, list[Site]] = {}
     scanned = 0
 
@@ -154,6 +159,13 @@ def triage(patch_set: PatchSet, symbol: str | None = None) -> TriageReport:
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
+        if reach is not None and files:
+            runs, words = reach.verdict([f.path for f in files])
+            if not runs:  # code the served model never runs: below every change it can run
+                ranking = dataclasses.replace(ranking, tier=min(3, ranking.tier + 1), reasons=(words, *ranking.reasons))
+            else:
+                ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
+            notes.append(words)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
             kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
             ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
