@@ -54,13 +54,14 @@ def count_warnings(
         if not factor.isidentifier() or any(d.symbol == factor for d in doubles):
             continue
         if change == "removed":
-            gone = next((e for e in s.evidence if e.side == "-"), None)
-            if gone is None:
+            removed = [e for e in s.evidence if e.side == "-"]
+            if not removed:
                 continue
+            gone = removed[0]
             mod = post.module(gone.file)
             unit = next(iter(s.summary.split(" from ", 1)[1:]), "").split(".")[0] or None
             still = _related(units, gone.file, unit, _multiplies(factor, post, sites_of(factor), changed))
-            head = f"the patch removes `{gone.text.strip()}` at {gone.file}:{gone.line}"
+            head = "the patch removes " + ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in removed[:4])
             if still:
                 out.append(
                     f"{head}; {factor} is still applied on that path at {_names(still)}: "
@@ -69,7 +70,7 @@ def count_warnings(
             elif mod is not None:
                 out.append(f"{head}; no other multiply of {factor} on that path: the factor may be applied nowhere now")
         elif change in ("guard changed", "repeat changed"):
-            sites = [e for e in s.evidence if e.side == "+"]
+            sites = list({(e.file, e.line): e for e in s.evidence if e.side == "+"}.values())
             if sites:
                 where = ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in sites[:3])
                 out.append(f"{factor} is applied in other cases or more often now: {where} ({s.summary})")
