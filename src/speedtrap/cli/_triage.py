@@ -137,6 +137,8 @@ def _print_report(report: object) -> None:
     for p in report.patches:
         for d in p.doubles[:1]:
             out_console.print(f"[bold red]warning:[/] {escape(d.message)}", highlight=False, soft_wrap=True)
+        for m in p.missing[:2]:
+            out_console.print(f"[bold red]warning:[/] {escape(p.name)}: {escape(m)}", highlight=False, soft_wrap=True)
     for w in report.warnings:
         err_console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
     if report.trace is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from speedtrap.triage._flow import IdentityChange
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._signals import SCALE, PatchSignals
-from speedtrap.triage._trace import MULTIPLY, DoubleApplication, Site, python_sites
+from speedtrap.triage._trace import MULTIPLY, CountWarning, DoubleApplication, Site, python_sites
 from speedtrap.triage._units import Units
 
 _FEW = 6
@@ -46,8 +46,8 @@ def count_warnings(
     sites_of: Callable[[str], list[Site]],
     changed: set[str],
     doubles: list[DoubleApplication],
-) -> list[str]:
-    out: list[str] = []
+) -> list[CountWarning]:
+    out: list[CountWarning] = []
     for s in sig.of(SCALE):
         factor = s.data.get("factor", "")
         change = s.data.get("change")
@@ -64,21 +64,31 @@ def count_warnings(
             head = "the patch removes " + ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in removed[:4])
             if still:
                 out.append(
-                    f"{head}; {factor} is still applied on that path at {_names(still)}: "
-                    "check that every path applies it exactly once"
+                    CountWarning(
+                        factor,
+                        f"{head}; {factor} is still applied on that path at {_names(still)}: "
+                        "check that every path applies it exactly once",
+                    )
                 )
             elif mod is not None:
-                out.append(f"{head}; no other multiply of {factor} on that path: the factor may be applied nowhere now")
+                out.append(
+                    CountWarning(
+                        factor,
+                        f"{head}; no other multiply of {factor} on that path: the factor may be applied nowhere now",
+                    )
+                )
         elif change in ("guard changed", "repeat changed"):
             sites = list({(e.file, e.line): e for e in s.evidence if e.side == "+"}.values())
             if sites:
                 where = ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in sites[:3])
-                out.append(f"{factor} is applied in other cases or more often now: {where} ({s.summary})")
+                out.append(
+                    CountWarning(factor, f"{factor} is applied in other cases or more often now: {where} ({s.summary})")
+                )
     for ident in sig.identity:
         where = f"{ident.file}:{ident.new_line}"
         if ident.reaches or ident.removes_application or any(where in d.message for d in doubles):
             continue
-        out.extend(_unread(ident, post, units, sites_of, changed))
+        out.extend(CountWarning(ident.factor, m) for m in _unread(ident, post, units, sites_of, changed))
     return out
 
 

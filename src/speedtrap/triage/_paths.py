@@ -14,7 +14,16 @@ from collections.abc import Iterable, Mapping
 from speedtrap.triage._flow import Flow, IdentityChange, Reach
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._pyast import Module
-from speedtrap.triage._trace import MULTIPLY, PASS, DoubleApplication, Site, aliases_of, clash, make_site
+from speedtrap.triage._trace import (
+    MULTIPLY,
+    PASS,
+    CountWarning,
+    DoubleApplication,
+    Site,
+    aliases_of,
+    clash,
+    make_site,
+)
 from speedtrap.triage._units import Units
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -133,10 +142,10 @@ def related_doubles(
 
 def missing_applications(
     changes: list[IdentityChange], units: Units, base_sites: Mapping[str, list[Site]]
-) -> list[str]:
+) -> list[CountWarning]:
     """For each change that stops the factor reaching a multiply: the multiplies that still apply it on
     that path (applied once), or none (applied nowhere now), named."""
-    out: list[str] = []
+    out: list[CountWarning] = []
     for change in changes:
         if not change.removes_application or not change.reaches:
             continue
@@ -156,9 +165,10 @@ def missing_applications(
         )
         if still:
             names = ", ".join(f"{b.where} ({b.function})" for b in still[:4])
-            out.append(f"{head}; still applied on that path at {names}: check that it is applied exactly once")
+            text = f"{head}; still applied on that path at {names}: check that it is applied exactly once"
         else:
-            out.append(f"{head}; no other multiply of {change.factor} on that path: the factor is applied nowhere now")
+            text = f"{head}; no other multiply of {change.factor} on that path: the factor is applied nowhere now"
+        out.append(CountWarning(change.factor, text))
     return out
 
 

@@ -59,6 +59,13 @@ def _questions(p: PatchReport, source: list[str]) -> list[tuple[str, str]]:
                 _cmd("speedtrap", "triage", *source, "--symbol", d.symbol),
             )
         )
+    for c in p.counts[:2]:
+        out.append(
+            (
+                f"Is `{c.factor}` still applied exactly once? {c.message}.",
+                _cmd("speedtrap", "triage", *source, "--symbol", c.factor),
+            )
+        )
     for s in sig.of(SCALE):
         factor = s.data.get("factor", "")
         if any(d.symbol == factor for d in p.doubles):

@@ -20,7 +20,14 @@ from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._reach import reachable
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
-from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, double_applications, trace_tree
+from speedtrap.triage._trace import (
+    CountWarning,
+    DoubleApplication,
+    Site,
+    TraceResult,
+    double_applications,
+    trace_tree,
+)
 from speedtrap.triage._units import Units
 
 NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
@@ -39,7 +46,12 @@ class PatchReport:
     doubles: list[DoubleApplication] = field(default_factory=list)
     added_sites: list[Site] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # factors no longer applied where they were
+    counts: list[CountWarning] = field(default_factory=list)  # factors applied not at all, more often, ...
+
+    @property
+    def missing(self) -> list[str]:
+        """The count warnings' messages."""
+        return [c.message for c in self.counts]
 
     @property
     def name(self) -> str:
@@ -60,7 +72,7 @@ class PatchReport:
             "hot_paths": [h.to_json() for h in self.signals.hot_paths],
             "phases": {"value": self.signals.phases, "guess": True},
             "double_applications": [d.to_json() for d in self.doubles],
-            "missing_applications": self.missing,
+            "count_warnings": [c.to_json() for c in self.counts],
             "notes": self.notes,
             "diff_given": bool(self.patch.diff),
         }
@@ -135,7 +147,7 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
         sig = analyze(files, HotPaths(units) if units else None, symbol, flow)
         doubles: list[DoubleApplication] = []
         added_sites: list[Site] = []
-        missing: list[str] = []
+        missing: list[CountWarning] = []
         if post is not None and index is not None:
             factors = {s.data["factor"] for s in sig.of(SCALE) if s.data.get("change") in _APPLYING}
             if symbol:

@@ -90,6 +90,18 @@ class DoubleApplication:
         }
 
 
+@dataclass(frozen=True)
+class CountWarning:
+    """A factor that may now be applied a different number of times (not at all, more often, or twice
+    through a callee not read here), in words that name the sites."""
+
+    factor: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"factor": self.factor, "message": self.message}
+
+
 @dataclass
 class TraceResult:
     symbol: str
