@@ -28,9 +28,10 @@ from speedtrap.triage._sources import (
     from_target,
     target_patch_inputs,
 )
-from speedtrap.triage._trace import DoubleApplication, Site, TraceResult, trace_tree
+from speedtrap.triage._trace import CountWarning, DoubleApplication, Site, TraceResult, trace_tree
 
 __all__ = [
+    "CountWarning",
     "DiffError",
     "DoubleApplication",
     "FilePatch",
