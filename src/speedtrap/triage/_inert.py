@@ -9,7 +9,8 @@ equal by construction:
 - renamed locals: names a function binds (its parameters excepted) become ``_v0``, ``_v1`` ... in
   order of first appearance, so a consistent rename normalises away and a changed data flow does not;
 - ``x *= a`` / ``x.mul_(a)``, ``x /= a`` / ``x.div_(a)``, ``x += a`` / ``x.add_(a)``, ``x -= a`` / ``x.sub_(a)``;
-  ``torch.mul(a, b)`` / ``a.mul(b)`` / ``a * b`` (and ``div``); ``a * b`` / ``b * a``;
+  ``torch.mul(a, b)`` / ``a.mul(b)`` / ``a * b`` (and ``div``); ``a * b`` / ``b * a`` (the two operands of
+  one product; a regrouped chain rounds differently and is a change);
 - ``x in (c,)`` / ``x in [c]`` / ``x in {c}`` / ``x == c`` (and ``not in`` / ``!=``); ``c == x`` / ``x == c``;
   ``not (a == b)`` / ``a != b``.
 
@@ -143,23 +144,10 @@ class _Normal(ast.NodeTransformer):
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.op, ast.Mult):
-            # Flatten a chain of products and sort its factors: a*b*c in any order is one form.
-            factors: list[ast.expr] = []
-
-            def flat(n: ast.expr) -> None:
-                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
-                    flat(n.left)
-                    flat(n.right)
-                else:
-                    factors.append(n)
-
-            flat(node)
-            factors.sort(key=ast.dump)
-            out = factors[0]
-            for f in factors[1:]:
-                out = ast.BinOp(left=out, op=ast.Mult(), right=f)
-            return out
+        if isinstance(node.op, ast.Mult) and ast.dump(node.right) < ast.dump(node.left):
+            # a*b and b*a are the same IEEE product; (a*b)*c and a*(b*c) are not (rounding), so only the
+            # two operands of each product are ordered, never a chain regrouped.
+            node.left, node.right = node.right, node.left
         return node
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
