@@ -174,3 +174,15 @@ def test_docs_only_is_tier_3_but_not_code(tree: Path, tmp_path: Path) -> None:
     diff = _diff(tree, [("hello\n", "hello, world\n")], tmp_path / "d.diff", "README.md")
     [p] = triage(from_diff_files([diff], tree)).patches
     assert p.tier == 3 and "documentation, not code" in p.ranking.reasons[0]
+
+
+def test_a_binary_change_is_not_same_math(tree: Path, tmp_path: Path) -> None:
+    (tree / "pkg" / "kernel.so").write_bytes(b"\x7fELF")
+    diff = tmp_path / "bin.diff"
+    diff.write_text(
+        "diff --git a/pkg/kernel.so b/pkg/kernel.so\nindex 1111111..2222222 100644\n"
+        "Binary files a/pkg/kernel.so and b/pkg/kernel.so differ\n"
+    )
+    [p] = triage(from_diff_files([diff], tree)).patches
+    assert p.tier == 2 and "same math" not in "\n".join(p.ranking.reasons)
+    assert "binary file: not read, so not proven inert" in p.ranking.reasons[0]

@@ -81,6 +81,7 @@ def analyze(
     phase_words: list[tuple[str, str]] = []
     for cf in files:
         if cf.patch.binary:
+            result.changed.append(Evidence(cf.path, 0, " ", "binary file: not read, so not proven inert"))
             continue
         old, new = cf.old_module(), cf.new_module()
         if not cf.is_python and _is_prose(cf.path):
