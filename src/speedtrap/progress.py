@@ -13,6 +13,8 @@ never console markup (a patch named ``a[b]`` shows as ``a[b]``).
 
 from __future__ import annotations
 
+import threading
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichBar
     from rich.progress import TaskID
 
-__all__ = ["LineProgress", "NoProgress", "Progress", "RichProgress"]
+__all__ = ["LineProgress", "LogProgress", "NoProgress", "Progress", "RichProgress", "for_console"]
 
 
 class Progress(Protocol):
@@ -118,3 +120,67 @@ class LineProgress:
 
     def done(self, stage: str, status: str, detail: str = "") -> None:
         self.console.print(f"{self.prefix}{stage}: {status} {detail}".rstrip(), highlight=False, markup=False)
+
+
+class LogProgress:
+    """For a log (stderr not a terminal: CI, ``2> log``): a timestamped line per step, with its detail and
+    the time since the run began, and a "still working" line when ``heartbeat_s`` pass without one.
+    Use as a context manager (the heartbeat thread runs inside it)."""
+
+    def __init__(self, console: Console | None = None, heartbeat_s: float = 30.0) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.heartbeat_s = heartbeat_s
+        self.began = time.monotonic()
+        self.last = self.began
+        self.counts: dict[str, int] = {}
+        self.totals: dict[str, int | None] = {}
+        self.current = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LogProgress:
+        self._thread = threading.Thread(target=self._beat, name="speedtrap-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self.last = now
+            self.console.print(f"[{now - self.began:7.1f} s] {text}", highlight=False, markup=False, soft_wrap=True)
+
+    def _count(self, stage: str) -> str:
+        total = self.totals.get(stage)
+        return f"{self.counts.get(stage, 0)}/{total}" if total is not None else str(self.counts.get(stage, 0))
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.heartbeat_s, 1.0)):
+            if time.monotonic() - self.last >= self.heartbeat_s and self.current:
+                self._line(f"{self.current} {self._count(self.current)}: still working")
+
+    def start(self, stage: str, total: int | None, detail: str = "") -> None:
+        self.counts.setdefault(stage, 0)
+        self.totals[stage] = total
+        self.current = stage
+        self._line(f"{stage}: started" + (f" ({detail})" if detail else ""))
+
+    def advance(self, stage: str, n: int = 1, detail: str = "") -> None:
+        self.counts[stage] = self.counts.get(stage, 0) + n
+        self.current = stage
+        self._line(f"{stage} {self._count(stage)}" + (f": {detail}" if detail else ""))
+
+    def done(self, stage: str, status: str, detail: str = "") -> None:
+        self._line(f"{stage}: {status} {detail}".rstrip())
+
+
+def for_console(console: Console) -> RichProgress | LogProgress:
+    """Bars on a terminal; timestamped lines (:class:`LogProgress`) when stderr goes to a file or a pipe."""
+    return RichProgress(console) if console.is_terminal else LogProgress(console)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -115,6 +116,7 @@ def simulate_search(
     broken: Broken | None = None,
     metric: Callable[[frozenset[str], int], float] | None = None,
     repeats: int = 0,
+    metric_figures: Callable[[frozenset[str], int], dict[str, float]] | None = None,
     near: float = 0.0,
     **search_kw: Any,
 ) -> tuple[Any, int]:
@@ -122,6 +124,8 @@ def simulate_search(
     from speedtrap.isolate import Evaluator, FunctionOracle, Search, ThresholdRule, TrialStore
 
     def fn(config: tuple[str, ...], repeat: int) -> dict[str, float]:
+        if metric_figures is not None:
+            return metric_figures(frozenset(config), repeat)
         if metric is not None:
             return {"metric": metric(frozenset(config), repeat)}
         assert broken is not None
@@ -132,7 +136,10 @@ def simulate_search(
     evaluator = Evaluator(
         FunctionOracle(fn, {"sim": 1}), ThresholdRule("metric", 0.5, "above", near), store, run_id, repeats=repeats
     )
+    if search_kw.pop("recheck", False):  # as ``isolate`` runs it: single-trial fails measured again
+        search_kw["recheck"] = evaluator.recheck
     result = Search(list(names), evaluator, **search_kw).run()
+    result = dataclasses.replace(result, trials=tuple(evaluator.trials), notes=(*result.notes, *evaluator.notes))
     store.close()
     return result, evaluator.launches
 

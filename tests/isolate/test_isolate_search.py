@@ -218,7 +218,9 @@ def test_a_recall_rule_gets_the_baseline_first_even_with_spare_slots() -> None:
         result, _, _ = _rounds(names, lambda s: "p2" in s, capacity, figures, RecallDropRule(), repeats=2)
         assert result.culprit_names == [("p2",)], capacity
         full = next(j for j in result.judgements if j.config == tuple(names))
-        assert len(full.trials) == 3  # near after one trial (intervals overlap), a fail after two repeats
+        # near after one trial (intervals overlap), a fail after two repeats; the figures are the same every
+        # repeat (a deterministic stack), so the second repeat is counted, not launched
+        assert len(full.trials) == 2 and full.figures["repeats"] == 3 and "not launched" in full.note
 
 
 def test_requires_and_conflicts_are_applied_by_the_gate(simulate: Simulate) -> None:
@@ -257,8 +259,35 @@ def test_noise_is_repeated_and_pooled_and_a_tie_ends_inconclusive(simulate: Simu
     result, _ = simulate(names, metric=borderline, repeats=2, near=0.2)
     assert result.status is Status.INCONCLUSIVE
     full = next(j for j in result.judgements if len(j.config) == len(names))
-    assert full.verdict is Verdict.INCONCLUSIVE and len(full.trials) == 3
+    # its second trial came back identical: the stack is deterministic, so the third is not launched
+    assert full.verdict is Verdict.INCONCLUSIVE and len(full.trials) == 2 and "not launched" in full.note
     assert tuple(names) in result.inconclusive
+
+
+def _deterministic_near(s: frozenset[str], repeat: int) -> float:
+    """A deterministic stack whose every verdict is near the bound 0.5 (band 0.375-0.625 on one trial):
+    pooling two trials calls it (band 0.41-0.59). Broken: p3 alone, or p1 with p6."""
+    broken = "p3" in s or {"p1", "p6"} <= s
+    return (0.6 if broken else 0.4) + 0.001 * (len(s) % 7)
+
+
+def test_a_deterministic_stack_is_not_launched_twice_once_two_repeats_agreed(simulate: Simulate) -> None:
+    names = [f"p{i}" for i in range(8)]
+    # The reference: the same figures, but an extra one that changes with the repeat hides the determinism.
+    result_ref, launches_ref = simulate(
+        names, metric_figures=lambda s, r: {"metric": _deterministic_near(s, r), "repeat": float(r)},
+        repeats=1, near=0.25, recheck=True,
+    )  # fmt: skip
+    result, launches = simulate(names, metric=_deterministic_near, repeats=1, near=0.25, recheck=True)
+    assert result.culprit_names == result_ref.culprit_names == [("p3",), ("p1", "p6")]
+    ref = {j.config: j.verdict for j in result_ref.judgements}
+    assert {j.config: j.verdict for j in result.judgements} == ref  # every verdict unchanged
+    order = [t.config for t in sorted(result.trials, key=lambda t: t.index)]
+    first_twice = next(i for i, c in enumerate(order) if c in order[:i])
+    assert len(set(order[first_twice + 1 :])) == len(order[first_twice + 1 :])  # nothing launched twice after
+    assert not set(order[first_twice + 1 :]) & set(order[: first_twice + 1])
+    assert launches < launches_ref
+    assert any("deterministic" in n and "not launched" in n for n in result.notes)
 
 
 def test_minimal_transversals_match_brute_force() -> None:

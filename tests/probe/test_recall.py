@@ -64,17 +64,19 @@ def test_the_double_application_is_visibly_lower(smol: InProcessModel, grid_base
 
 
 class Interrupting:
-    """A real backend that is interrupted (as by Ctrl-C) after ``after`` answers."""
+    """A real backend that is interrupted (as by Ctrl-C) once ``after`` answers have come back (the
+    in-process backend decodes the chats in flight together, so they come back together)."""
 
     def __init__(self, inner: InProcessBackend, after: int) -> None:
         self.inner, self.after, self.calls = inner, after, 0
         self.name = inner.name
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int) -> ChatAnswer:
+        answer = await self.inner.chat(messages, max_tokens)
         if self.calls >= self.after:
             raise KeyboardInterrupt
         self.calls += 1
-        return await self.inner.chat(messages, max_tokens)
+        return answer
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, fail, user_errors
 from speedtrap.cli._report import print_verdict
-from speedtrap.progress import RichProgress
+from speedtrap.progress import LogProgress, RichProgress, for_console
 
 DEMO_DIR = Path("speedtrap-runs") / "demo"
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object on stdout.")]
@@ -23,8 +23,8 @@ QuickOpt = Annotated[
 ]
 
 
-def _bar() -> RichProgress:
-    return RichProgress(err_console)
+def _bar() -> RichProgress | LogProgress:
+    return for_console(err_console)
 
 
 def _finish(result: Any, json: bool) -> None:

@@ -4,6 +4,11 @@ A configuration's first trial is judged by the rule; if the call is "near", the 
 measured again (a new repeat number: probes draw new samples) up to ``repeats`` times, the
 figures pooled, and a call still near the threshold ends *inconclusive*. Each trial is committed
 to the store the moment it ends.
+
+A stack that has shown itself deterministic (two trials of one configuration came back with exactly
+the same figures) is not measured again: a repeat would return the same figures, so the call is
+made from the figures pooled as that many identical trials (the verdict the repeats would have
+given), rechecks are skipped, and :attr:`Evaluator.notes` says why.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class Evaluator:
         self.trials: list[Trial] = []
         self.launches = 0
         self.reused = 0
+        self.deterministic = ""  # why the stack counts as deterministic ("" until it has shown it)
+        self.skipped = 0  # repeats and rechecks not launched because of that
 
     @property
     def capacity(self) -> int:
@@ -87,6 +94,9 @@ class Evaluator:
         """Measure ``config`` again (new repeat numbers) until the pooled call is not near, or the
         repeats run out; pooled with its earlier trials."""
         trials = [t for t in self.trials if t.config == config and t.status == "ok"]
+        if self.deterministic and trials:
+            self.skipped += 1
+            return self._verdict(config, trials)
         runs: dict[Config, list[Trial]] = {config: list(trials)}
         first = max((t.repeat for t in trials), default=-1) + 1
         for repeat in range(first, first + self.repeats + 1):
@@ -136,9 +146,23 @@ class Evaluator:
             run_id=self.run_id,
         )
 
+    @property
+    def notes(self) -> list[str]:
+        if not self.deterministic:
+            return []
+        return [
+            f"the stack is deterministic ({self.deterministic}): {self.skipped} repeat(s) and recheck(s) were not "
+            "launched, each call made from its figures counted as the repeats it would have had"
+        ]
+
     def _keep(self, runs: dict[Config, list[Trial]], trial: Trial) -> None:
+        earlier = [t for t in runs[trial.config] if t.status == "ok"]
         runs[trial.config].append(trial)
         self.trials.append(trial)
+        if not self.deterministic and trial.status == "ok" and any(t.figures == trial.figures for t in earlier):
+            shown = ", ".join(f"{k}={v:.6g}" for k, v in sorted(trial.figures.items())[:3])
+            name = "{" + ", ".join(trial.config) + "}" if trial.config else "the baseline"
+            self.deterministic = f"two trials of {name} came back identical: {shown}"
         if self.on_trial is not None:
             self.on_trial(trial)
 
@@ -149,7 +173,17 @@ class Evaluator:
     def _wants_repeat(self, config: Config, trials: list[Trial]) -> bool:
         if not trials or any(t.status != "ok" for t in trials):
             return False
-        return self._call(config, [t.figures for t in trials]) is Outcome.NEAR
+        return not self.deterministic and self._call(config, [t.figures for t in trials]) is Outcome.NEAR
+
+    def _implied(self, config: Config, figures: list[dict[str, float]]) -> list[dict[str, float]]:
+        """On a deterministic stack, the figures the repeats would have returned: copies of the last."""
+        if not self.deterministic or any(f != figures[-1] for f in figures):
+            return figures
+        more = list(figures)
+        while len(more) <= self.repeats and self._call(config, more) is Outcome.NEAR:
+            more.append(figures[-1])
+        self.skipped += len(more) - len(figures)
+        return more
 
     def _verdict(self, config: Config, trials: list[Trial]) -> Judgement:
         indices = tuple(t.index for t in trials)
@@ -157,11 +191,18 @@ class Evaluator:
         if failed:
             where = f"; read its log: {failed[-1].log_path}" if failed[-1].log_path else ""
             return Judgement(config, Verdict.ERROR, {}, indices, f"{failed[-1].error}{where}")
-        figures = [t.figures for t in trials]
+        figures = self._implied(config, [t.figures for t in trials])
         pooled = self.rule.pool(figures)
         outcome = self.rule.judge(pooled, None if not config else self.baseline)
         if not config:
             self.baseline = pooled
+        implied = len(figures) - len(trials)
+        if implied:
+            note = f"{implied} repeat(s) not launched (deterministic stack): the same figures counted again"
+            if outcome is Outcome.NEAR:
+                note = f"still near the threshold; {note}"
+                return Judgement(config, Verdict.INCONCLUSIVE, pooled, indices, note)
+            return Judgement(config, Verdict(outcome.value), pooled, indices, note)
         if outcome is Outcome.NEAR:
             note = f"still near the threshold after {len(trials)} trial{'s' if len(trials) > 1 else ''}"
             return Judgement(config, Verdict.INCONCLUSIVE, pooled, indices, note)

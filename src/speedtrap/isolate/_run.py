@@ -210,7 +210,7 @@ def _isolate(
         except SpeedtrapError:
             store.finish_run(run_id, "aborted", None)
             raise
-        notes = [*result.notes, *commits.notes()]
+        notes = [*result.notes, *commits.notes(), *evaluator.notes]
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
         failovers = getattr(executor, "failovers", 0) - failovers_before

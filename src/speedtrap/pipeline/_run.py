@@ -123,10 +123,10 @@ def run_pipeline(
 
     def probes() -> None:
         progress.start("probes", 2)
-        _stages.probe(ctx, "recall", "baseline", "baseline", ())
-        progress.advance("probes", 1, "recall: baseline")
-        _stages.probe(ctx, "recall", "all patches", "all", all_patches)
-        progress.advance("probes", 1, "recall: all patches")
+        part = _stages.probe(ctx, "recall", "baseline", "baseline", ())
+        progress.advance("probes", 1, f"recall: baseline{_stages.summary(part)}")
+        part = _stages.probe(ctx, "recall", "all patches", "all", all_patches)
+        progress.advance("probes", 1, f"recall: all patches{_stages.summary(part)}")
 
     no_chat = _stages.why_no_chat(ctx)
     if no_chat:
@@ -144,12 +144,15 @@ def run_pipeline(
                 configs += [(" + ".join(c), "culprit", c) for c in culprits if c != all_patches]
             progress.start("evidence", len(configs) * 2)
             for label, role, config in configs:
-                if _stages.from_trial_report(ctx, spec, result, config, label, role) is None:
-                    _stages.probe(ctx, "divergence", label, role, config)
-                progress.advance("evidence", 1, f"divergence: {label}")
+                part = _stages.from_trial_report(ctx, spec, result, config, label, role)
+                if part is None:
+                    part = _stages.probe(ctx, "divergence", label, role, config)
+                progress.advance("evidence", 1, f"divergence: {label}{_stages.summary(part)}")
                 if role == "culprit" and not no_chat:
-                    _stages.probe(ctx, "recall", label, role, config)
-                progress.advance("evidence", 1, f"recall: {label}")
+                    part = _stages.probe(ctx, "recall", label, role, config)
+                    progress.advance("evidence", 1, f"recall: {label}{_stages.summary(part)}")
+                else:
+                    progress.advance("evidence", 1, f"recall: {label} (not needed)")
 
         _stage(ctx, "evidence", seconds, errors, evidence)
     else:

@@ -127,6 +127,21 @@ def probe(ctx: Context, kind: str, label: str, role: str, config: Sequence[str])
     return part
 
 
+def summary(part: Part) -> str:
+    """A probe part's headline figure for a progress line (" (18/20 right)"), or "" when it has none."""
+    doc = part.result if isinstance(part.result, dict) else {}
+    try:
+        if doc.get("probe") == "recall":
+            overall = doc["overall"]
+            return f" ({int(overall['correct'])}/{int(overall['n'])} right)"
+        if doc.get("probe") == "divergence":
+            worst = max(float(p["overall"]["kl_p99"]) for p in doc["phases"].values())
+            return f" (KL p99 {worst:.3g} nats)"
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return ""
+
+
 def from_trial_report(
     ctx: Context, spec: Any, result: Any, config: Sequence[str], label: str, role: str
 ) -> Part | None:

@@ -2,16 +2,22 @@
 
 A chat request is split at the start of its last message: the prefix (the conversation so far) is
 prefilled once into a KV cache kept in a small LRU, the rest (the question and the generation
-prompt) is run through a copy of that cache, and answer tokens are decoded one by one. A cache miss
+prompt) is run through a copy of that cache, and answer tokens are decoded greedily. A cache miss
 computes the prefix exactly as a hit would have been computed, so the numbers never depend on the
 order requests arrive in: the in-process probe and ``speedtrap serve`` give the same answers.
+
+Requests given together (:meth:`Engine.generate_many`) are decoded together: one forward a step for
+all unfinished sequences, each attending to its own unpadded KV cache, the weight GEMMs run once for
+all of them (decoding is memory-bound: a step reads every weight, for one sequence or twenty). A
+sequence gets the same tokens, bit for bit the same logits, alone or in any batch
+(``InProcessModel.decode_step``); a finished one drops out of the next step.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +49,34 @@ class Generation:
     finish_reason: str  # "stop" or "length"
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     steps: list[StepLogprobs] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One greedy continuation: ``ids[:split]`` goes through the prefix cache."""
+
+    ids: Sequence[int]
+    split: int
+    max_tokens: int
+    stop: Sequence[str] = ()
+    top_k: int = 0
+
+
+@dataclass
+class _Decoding:
+    """A sequence being decoded: its cache, the logits that pick its next token, what it has so far."""
+
+    request: Request
+    cache: Any
+    logits: Tensor
+    cached: int
+    out: list[int] = field(default_factory=list)
+    steps: list[StepLogprobs] = field(default_factory=list)
+    text: str = ""
+    finish: str = "length"
+
+
+MAX_BATCH = 32  # sequences decoded together at most (a 1,300-token smol-moe KV cache is about 60 MB)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -85,10 +119,16 @@ class Engine:
         top_k: int = 0,
     ) -> Generation:
         """Greedy answer to a chat; the conversation before the last message is a cached prefix."""
+        return self.generate_many([self.chat_request(messages, max_tokens, stop, top_k)], patches)[0]
+
+    def chat_request(
+        self, messages: Sequence[Message], max_tokens: int, stop: Sequence[str] = (), top_k: int = 0
+    ) -> Request:
+        """The request of a chat: split at the start of its last message."""
         ids = self.model.chat_ids(messages)
         prefix = self.model.chat_ids(messages[:-1], add_generation_prompt=False) if len(messages) > 1 else []
         split = min(common_prefix(prefix, ids), len(ids) - 1)
-        return self.generate(ids, split, max_tokens, stop, patches, top_k)
+        return Request(ids, split, max_tokens, stop, top_k)
 
     def generate(
         self,
@@ -100,13 +140,30 @@ class Engine:
         top_k: int = 0,
     ) -> Generation:
         """Greedy continuation of ``ids``; ``ids[:split]`` goes through the prefix cache."""
-        if not ids:
-            raise ProbeError("empty prompt", "send at least one token")
-        self.check_fits(len(ids), max_tokens)
+        return self.generate_many([Request(ids, split, max_tokens, stop, top_k)], patches)[0]
+
+    def generate_many(
+        self,
+        requests: Sequence[Request],
+        patches: Sequence[str] | None = None,
+        on_done: Callable[[int, Generation], None] | None = None,
+        max_batch: int = MAX_BATCH,
+    ) -> list[Generation]:
+        """Greedy continuations of ``requests``, decoded together (``max_batch`` at a time); ``on_done``
+        sees each one (its index, its generation) as it finishes."""
+        for r in requests:
+            if not r.ids:
+                raise ProbeError("empty prompt", "send at least one token")
+            self.check_fits(len(r.ids), r.max_tokens)
+        done: dict[int, Generation] = {}
         with self._lock, self._patched(patches):
-            cache, cached = self._prefix_cache(list(ids[:split]))
-            logits = self.model.logits(list(ids[split:]), cache)[-1]
-            return self._decode(logits, cache, len(ids), cached, max_tokens, stop, top_k)
+            for lo in range(0, len(requests), max(1, max_batch)):
+                chunk = list(enumerate(requests))[lo : lo + max(1, max_batch)]
+                for i, gen in self._decode_together(chunk):
+                    done[i] = gen
+                    if on_done is not None:
+                        on_done(i, gen)
+        return [done[i] for i in range(len(requests))]
 
     def prompt_logits(self, ids: Sequence[int], patches: Sequence[str] | None = None) -> Tensor:
         """Logits [T, V] of one forward over ``ids`` (a prefill pass)."""
@@ -189,35 +246,47 @@ class Engine:
             self._prefixes.move_to_end(key)
         return cache.copy(), len(prefix)
 
-    def _decode(
-        self,
-        logits: Tensor,
-        cache: Any,
-        prompt_tokens: int,
-        cached: int,
-        max_tokens: int,
-        stop: Sequence[str],
-        top_k: int,
-    ) -> Generation:
-        out: list[int] = []
-        steps: list[StepLogprobs] = []
-        text, finish = "", "length"
-        while len(out) < max_tokens:
-            token = int(logits.argmax())
-            if top_k:
-                steps.append(_step(logits, token, top_k))
-            if token in self.stop_ids:
-                finish = "stop"
-                break
-            out.append(token)
-            text = self.model.tokenizer.decode(out, skip_special_tokens=True)
-            cut = min((text.find(s) for s in stop if s and s in text), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-                break
-            if len(out) < max_tokens:
-                logits = self.model.logits([token], cache)[-1]
-        return Generation(text, out, prompt_tokens, finish, cached, steps)
+    def _decode_together(self, chunk: Sequence[tuple[int, Request]]) -> Iterator[tuple[int, Generation]]:
+        """Prefill each request (one at a time: prefills are compute-bound), then decode all of them
+        together; yields each (index, generation) as it finishes."""
+        live: list[tuple[int, _Decoding]] = []
+        for i, r in chunk:
+            cache, cached = self._prefix_cache(list(r.ids[: r.split]))
+            logits = self.model.logits(list(r.ids[r.split :]), cache)[-1]
+            live.append((i, _Decoding(r, cache, logits, cached)))
+        while live:
+            fed: list[tuple[int, _Decoding, int]] = []
+            for i, d in live:
+                token = self._next(d)
+                if token is None:
+                    yield i, Generation(d.text, d.out, len(d.request.ids), d.finish, d.cached, d.steps)
+                else:
+                    fed.append((i, d, token))
+            if fed:
+                rows = self.model.decode_step([t for _, _, t in fed], [d.cache for _, d, _ in fed])
+                for row, (_, d, _) in enumerate(fed):
+                    d.logits = rows[row]
+            live = [(i, d) for i, d, _ in fed]
+
+    def _next(self, d: _Decoding) -> int | None:
+        """Picks ``d``'s next token from its logits; the token to feed, or None when ``d`` has finished."""
+        r = d.request
+        if len(d.out) >= r.max_tokens:
+            return None
+        token = int(d.logits.argmax())
+        if r.top_k:
+            d.steps.append(_step(d.logits, token, r.top_k))
+        if token in self.stop_ids:
+            d.finish = "stop"
+            return None
+        d.out.append(token)
+        tok = self.model.tokenizer
+        d.text = tok.decode(d.out, skip_special_tokens=True) if tok is not None else ""
+        cut = min((d.text.find(s) for s in r.stop if s and s in d.text), default=-1)
+        if cut >= 0:
+            d.text, d.finish = d.text[:cut], "stop"
+            return None
+        return token if len(d.out) < r.max_tokens else None
 
 
 def _no_head_module() -> Any:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from speedtrap.patching import select_patches
 from speedtrap.probe._backend import STOP, ChatAnswer, Message, Prompt, PromptLogprobs, TokenDist
-from speedtrap.probe._engine import Engine, StepLogprobs, top_logprobs
+from speedtrap.probe._engine import Engine, Generation, Request, StepLogprobs, top_logprobs
 from speedtrap.targets import InProcessModel
 
 if TYPE_CHECKING:
@@ -34,8 +35,10 @@ def _synthetic_count(messages: Sequence[Message]) -> int:
 class InProcessBackend:
     """``model`` with ``patches`` applied around every call, so one loaded model serves many configurations.
 
-    Calls run on the caller's thread one at a time, in the order they are made: the prefix cache
-    (one entry per conversation) then serves every question of a conversation after the first.
+    Calls run on the caller's thread in the order they are made: the prefix cache (one entry per
+    conversation) then serves every question of a conversation after the first. Chats in flight
+    together (``asyncio.gather``) are decoded together, one batch (``Engine.generate_many``): the
+    same answers as one at a time, a weight read a step for all of them.
     """
 
     def __init__(
@@ -52,10 +55,35 @@ class InProcessBackend:
         self.engine = engine if engine is not None else Engine(model)
         self.name = name or f"{model.name}[{','.join(self.patches) or 'baseline'}]"
         self._memo: dict[tuple[str, tuple[int, ...], int], Tensor] = {}
+        self._pending: list[tuple[Request, asyncio.Future[Generation]]] = []
 
     async def chat(self, messages: list[Message], max_tokens: int) -> ChatAnswer:
-        gen = self.engine.chat(messages, max_tokens, STOP, self.patches)
+        request = self.engine.chat_request(messages, max_tokens, STOP)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Generation] = loop.create_future()
+        self._pending.append((request, answer))
+        if len(self._pending) == 1:  # runs once every chat already scheduled has queued its request
+            loop.call_soon(self._decode_pending)
+        gen = await answer
         return ChatAnswer(gen.text, gen.prompt_tokens, len(gen.token_ids), gen.finish_reason)
+
+    def _decode_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        live = [(r, f) for r, f in pending if not f.done()]  # a cancelled caller's request is dropped
+        if not live:
+            return
+        try:
+            gens = self.engine.generate_many([r for r, _ in live], self.patches)
+        except BaseException as exc:  # every waiting caller gets the error (ProbeError, interrupt)
+            for _, f in live:
+                if not f.done():
+                    f.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, f), gen in zip(live, gens, strict=True):
+            if not f.done():
+                f.set_result(gen)
 
     async def count_tokens(self, messages: list[Message]) -> int:
         if self.model.tokenizer is None:

@@ -15,12 +15,27 @@ if TYPE_CHECKING:  # torch is imported where a model runs, so the CLI starts fas
     from torch import Tensor, nn
 
 
+# A batched decode step runs its weight GEMMs on a multiple of this many rows (padding rows added): on
+# torch's CPU GEMM (2.13, AVX2) a row's result is the same bits for any multiple of 4 rows, at 1, 2 or 3
+# threads, and different at 1, 2 or 3 rows (another kernel) and at some other counts with 2 threads
+# (5, 10: a thread's share is not a multiple of 4), so a sequence decodes to the same bits alone or in
+# any batch (tests/probe/test_batched_decode.py checks it, logits bit for bit).
+MIN_BATCH_ROWS = 4
+
+
 class CausalLM(Protocol):
     """The model interface the probes and localizer drive: logits, growing a KV cache in place."""
 
     def __call__(self, input_ids: Tensor, cache: Any = None) -> Tensor: ...
 
     def new_cache(self) -> Any: ...
+
+
+class BatchDecoder(Protocol):
+    """A model that decodes several sequences a step: ``batch_cache(caches, rows)`` is the cache that
+    ``model(input_ids [rows, 1], cache)`` takes, each sequence attending to its own cache alone."""
+
+    def batch_cache(self, caches: list[Any], rows: int) -> Any: ...
 
 
 @dataclass
@@ -97,6 +112,28 @@ class InProcessModel:
 
     def new_cache(self) -> Any:
         return cast(CausalLM, self.model).new_cache()
+
+    @property
+    def batches(self) -> bool:
+        """Whether the model decodes several sequences in one step (:class:`BatchDecoder`)."""
+        return callable(getattr(self.model, "batch_cache", None))
+
+    def decode_step(self, tokens: Sequence[int], caches: Sequence[Any]) -> Tensor:
+        """Logits [len(tokens), vocab]: token i fed on top of ``caches[i]`` (each grows by one), in one
+        forward whose GEMMs read the weights once for all (:data:`MIN_BATCH_ROWS` rows at least).
+        A model without ``batch_cache`` runs them one at a time."""
+        import torch
+
+        if len(tokens) != len(caches) or not tokens:
+            raise ValueError("decode_step needs one cache per token, and at least one")
+        if not self.batches:
+            return torch.stack([self.logits([int(t)], c)[-1] for t, c in zip(tokens, caches, strict=True)])
+        rows = -(-len(tokens) // MIN_BATCH_ROWS) * MIN_BATCH_ROWS
+        fed = [int(t) for t in tokens] + [int(tokens[0])] * (rows - len(tokens))
+        cache = cast(BatchDecoder, self.model).batch_cache(list(caches), rows)
+        with torch.inference_mode():
+            out: Tensor = self.model(torch.tensor(fed, dtype=torch.long).unsqueeze(-1), cache)
+        return out[: len(tokens), -1]
 
 
 class Target(Protocol):

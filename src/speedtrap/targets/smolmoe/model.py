@@ -45,7 +45,31 @@ class KVCache:
         return KVCache([LayerCache(c.k, c.v) for c in self.layers], self.length)
 
 
-StepFn = Callable[[Tensor, "KVCache | None"], Tensor]
+@dataclass
+class RaggedCache:
+    """The caches of several sequences decoded together, one token each a step: every sequence keeps its
+    own unpadded cache and attends only to it, while the weight GEMMs run once for all rows.
+
+    ``rows`` may exceed ``len(caches)``: the extra rows (padding, fed a copy of the first row's token)
+    only give the GEMMs at least that many rows; they read no cache and store nothing.
+    """
+
+    caches: list[KVCache]
+    rows: int
+    layers: list[RaggedLayerCache] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layers = [RaggedLayerCache([c.layers[i] for c in self.caches]) for i in range(len(self.caches[0].layers))]
+
+
+@dataclass
+class RaggedLayerCache:
+    """One layer of a :class:`RaggedCache`: each sequence's own layer cache."""
+
+    caches: list[LayerCache]
+
+
+StepFn = Callable[[Tensor, "KVCache | RaggedCache | None"], Tensor]
 
 
 class SmolMoE(nn.Module):
@@ -60,25 +84,46 @@ class SmolMoE(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: nn.Module = LMHead(self.embed.weight)
 
-    def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: KVCache | RaggedCache | None = None) -> Tensor:
         """Logits [batch, tokens, vocab] for ``input_ids``; ``cache`` (if given) grows in place."""
         result: Tensor = self.scheduler(self.step, input_ids, cache)
         return result
 
-    def step(self, input_ids: Tensor, cache: KVCache | None) -> Tensor:
+    def step(self, input_ids: Tensor, cache: KVCache | RaggedCache | None) -> Tensor:
+        if isinstance(cache, RaggedCache):
+            return self._ragged_step(input_ids, cache)
         start = cache.length if cache is not None else 0
         cos, sin = self.rope(start, input_ids.shape[1])
+        return self._layers(input_ids, cos, sin, cache)
+
+    def _ragged_step(self, input_ids: Tensor, cache: RaggedCache) -> Tensor:
+        """One token for each sequence of ``cache`` (input_ids [rows, 1]), each at its own position."""
+        starts = [c.length for c in cache.caches]
+        starts += [starts[0]] * (cache.rows - len(starts))
+        tables = [self.rope(s, 1) for s in starts]  # [1, head_dim] each
+        cos = torch.stack([c for c, _ in tables]).unsqueeze(1)  # [rows, 1, 1, head_dim]: broadcast per row
+        sin = torch.stack([s for _, s in tables]).unsqueeze(1)
+        logits = self._layers(input_ids, cos, sin, cache)
+        for c in cache.caches:
+            c.length += 1
+        return logits
+
+    def _layers(self, input_ids: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | RaggedCache | None) -> Tensor:
         streams = self.embed(input_ids).unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1)
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             streams = layer(streams, input_ids, cos, sin, layer_cache)
-        if cache is not None:
+        if isinstance(cache, KVCache):
             cache.length += input_ids.shape[1]
         logits: Tensor = self.lm_head(self.norm(self.head_hc(streams)))
         return logits
 
     def new_cache(self) -> KVCache:
         return KVCache.empty(self.config.num_layers)
+
+    def batch_cache(self, caches: list[KVCache], rows: int) -> RaggedCache:
+        """The cache of one decode step over ``caches`` together (see :class:`RaggedCache`)."""
+        return RaggedCache(caches, rows)
 
     def blocks(self) -> list[Block]:
         return [cast(Block, block) for block in self.layers]
@@ -103,7 +148,9 @@ class Block(nn.Module):
         is_hash = layer_idx < config.num_hash_layers
         self.mlp = MoE(config, HashTopK(config) if is_hash else TopKRouter(config))
 
-    def forward(self, streams: Tensor, input_ids: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None) -> Tensor:
+    def forward(
+        self, streams: Tensor, input_ids: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | RaggedLayerCache | None
+    ) -> Tensor:
         post, comb, x = self.attn_hc(streams)
         streams = mix_streams(streams, post, comb, self.attn(self.attn_norm(x), cos, sin, cache))
         post, comb, x = self.mlp_hc(streams)
@@ -219,17 +266,23 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
         self.kv_store = KVStore()
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | RaggedLayerCache | None) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_all, v_all = self.kv_store(k, v, cache)
-        out = F.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=causal_mask(t, k_all.shape[2], x.device), enable_gqa=True
-        )
+        if isinstance(cache, RaggedLayerCache):  # each sequence attends to its own cache, as it would alone
+            outs = [self._attend(q[i : i + 1], k[i : i + 1], v[i : i + 1], c) for i, c in enumerate(cache.caches)]
+            out = torch.cat([*outs, *([outs[0]] * (b - len(outs)))])  # padding rows: any finite values
+        else:
+            out = self._attend(q, k, v, cache)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache | None) -> Tensor:
+        k_all, v_all = self.kv_store(k, v, cache)
+        mask = causal_mask(q.shape[2], k_all.shape[2], q.device)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
 
 
 def causal_mask(queries: int, keys: int, device: torch.device) -> Tensor:

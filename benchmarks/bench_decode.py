@@ -1,0 +1,101 @@
+"""Greedy decoding on smol-moe: batched against one at a time, and against llama.cpp on the same GGUF.
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_decode.py [--batches 1,4,10,20] [--steps 16]
+
+For each batch size B, B prompts of ``--prompt`` tokens are prefilled, then ``--steps`` decode steps
+are timed three ways, interleaved in one run (so the machine's load hits every side alike):
+
+- batched: ``InProcessModel.decode_step`` with all B sequences, one forward a step (the engine's way);
+- one at a time: the same steps, one sequence per ``decode_step`` (what a batch of 1 costs, B times);
+- old: one token per forward with no padding rows (the engine before batching: a 1-row GEMV).
+
+The tokens/s of each and the ratios are printed. With ``--llama`` (llama-cpp-python, the dev extra),
+llama.cpp decodes one sequence of the same GGUF with the same thread count (``Llama.eval`` one token
+at a time: the engine behind its server, without HTTP); it reads the GGUF's 4-bit weights, smol-moe
+its float32 copy, so this compares engines, not formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from speedtrap.targets import InProcessModel
+from speedtrap.targets.smolmoe import SmolMoETarget
+
+
+def prefilled(model: InProcessModel, batch: int, prompt: int) -> tuple[list[object], list[int]]:
+    caches, tokens = [], []
+    for i in range(batch):
+        cache = model.new_cache()
+        ids = model.synthetic_ids(f"prompt {i}", prompt)
+        tokens.append(int(model.logits(ids, cache)[-1].argmax()))
+        caches.append(cache)
+    return caches, tokens
+
+
+def timed_batched(model: InProcessModel, batch: int, prompt: int, steps: int) -> float:
+    caches, tokens = prefilled(model, batch, prompt)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens = [int(t) for t in model.decode_step(tokens, caches).argmax(-1)]
+    return time.perf_counter() - t0
+
+
+def timed_single(model: InProcessModel, batch: int, prompt: int, steps: int, old: bool) -> float:
+    caches, tokens = prefilled(model, batch, prompt)
+    t0 = time.perf_counter()
+    for i in range(batch):
+        token = tokens[i]
+        for _ in range(steps):
+            row = model.logits([token], caches[i])[-1] if old else model.decode_step([token], [caches[i]])[0]
+            token = int(row.argmax())
+    return time.perf_counter() - t0
+
+
+def llama_tps(gguf: str, threads: int, prompt: int, steps: int) -> float:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=prompt + steps + 8, verbose=False)
+    ids = [int(t) for t in llm.tokenize(b"The quick brown fox " * (prompt // 4))][:prompt]
+    llm.eval(ids)
+    token = int(llm.tokenize(b" and", add_bos=False)[0])
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        llm.eval([token])
+    return steps / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,4,10,20")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--llama", action="store_true", help="also llama.cpp (llama-cpp-python) on the same GGUF")
+    args = parser.parse_args()
+    model = SmolMoETarget().load()
+    threads = torch.get_num_threads()
+    print(f"load average {os.getloadavg()[0]:.2f}; torch threads {threads}; prompt {args.prompt} tokens, "
+          f"{args.steps} steps")  # fmt: skip
+    cols = ["batch", "batched tok/s", "one at a time tok/s", "old (no padding) tok/s", "batched / one at a time"]
+    print("| " + " | ".join([*cols, "batched / old"]) + " |")
+    print("|---|---|---|---|---|---|")
+    for b in (int(x) for x in args.batches.split(",")):
+        n = b * args.steps
+        batched = n / timed_batched(model, b, args.prompt, args.steps)
+        single = n / timed_single(model, b, args.prompt, args.steps, old=False)
+        old = n / timed_single(model, b, args.prompt, args.steps, old=True)
+        print(f"| {b} | {batched:.1f} | {single:.1f} | {old:.1f} | {batched / single:.2f}x | {batched / old:.2f}x |",
+              flush=True)  # fmt: skip
+    if args.llama:
+        from speedtrap.targets.smolmoe.fetch import fetch_gguf
+
+        tps = llama_tps(str(fetch_gguf()), threads, args.prompt, args.steps * 4)
+        print(f"llama.cpp (llama-cpp-python Llama.eval, {threads} threads, one sequence): {tps:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
