@@ -5,8 +5,8 @@ serving ``speedtrap export --format hf`` (``MODEL_DIR`` stands for the model fol
 compares an answer of the imitation with the real one: every field the imitation writes must be one the real
 server writes, with the same JSON type (a list of the same length); token ids and texts must be equal and
 logprobs within ``LOGPROB_TOL`` (both serve the same function in float32). Fields that differ per run (ids,
-timestamps) and the imitation's own name (``owned_by``) are skipped. Fields only the real server writes are returned apart: the imitation need not write
-what speedtrap's client does not read, but the list shows it.
+timestamps) and the imitation's own name (``owned_by``) are skipped. Fields only the real server writes are
+returned apart: the imitation need not write what speedtrap's client does not read, but the list shows it.
 """
 
 from __future__ import annotations

@@ -44,9 +44,11 @@ def test_the_rules_the_records_show(dialect: TestClient) -> None:
     chat = load("chat_completions")
     assert chat["request"]["body"]["model"] == "default" == chat["response"]["model"]  # any name, echoed
     assert replay(dialect, chat["request"])["model"] == "default"
-    assert load("tokenize_prompt")["response"]["max_model_len"] == 8192 == load("v1_models")["response"]["data"][0][
-        "max_model_len"
-    ]
+    assert (
+        load("tokenize_prompt")["response"]["max_model_len"]
+        == 8192
+        == load("v1_models")["response"]["data"][0]["max_model_len"]
+    )
     assert load("completions_logprobs")["response"]["choices"][0]["logprobs"]["text_offset"] == [-1] * 4
 
 
