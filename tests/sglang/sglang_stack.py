@@ -35,6 +35,8 @@ ROOT = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements-cpu.txt"
 KERNEL_SOURCES = Path(os.environ.get("SPEEDTRAP_SGL_KERNEL_SRC", "/work/shared/third_party/sgl-kernel-cpu"))
 MODEL = ROOT / ".sglang-model"
+# A made-up secret in the test server's environment: inspect must show the name and hide the value.
+SECRET = ("HF_TOKEN", "hf_speedtrapRedactionCheck0123456789")
 START_TIMEOUT = 900.0  # 80-85 s from launch to ready on 2 idle cores; the tests share them with other work
 # torchvision's fake-op registrations for nms/qnms, made conditional on its C ops having loaded.
 TORCHVISION_OLD = '@torch.library.register_fake("torchvision::{op}")\n'
