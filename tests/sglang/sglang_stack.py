@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 SGLANG_VERSION = "0.5.23"
 TORCH_VERSION = "2.13.0"
+TORCHVISION_VERSION = "0.28.0"  # torch 2.13's; PyPI's wheel is a CUDA build, hence fix_torchvision
+KERNEL_RECIPE = "sgl-kernel-cpu 0.4.5 (modal-projects/sglang 8905cbd4)"
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements-cpu.txt"
@@ -45,11 +47,10 @@ TORCHVISION_NEW = (
 )
 # The build's steps, in order (part of the recipe: a change here builds a new stack).
 STEPS = (
-    "python -m venv; pip install torch=={torch} scikit-build-core>=0.10 wheel",
+    "python -m venv; pip install torch=={torch}",
     "pip install -r requirements-cpu.txt -c torch=={torch}",
-    "pip install --no-deps sglang=={sglang}",
-    "copy sgl-kernel-cpu; pyproject_cpu.toml -> pyproject.toml; CMake flags -> -march=native; "
-    "nice -n 10 pip install --no-build-isolation --no-deps .",
+    "pip install --no-deps sglang=={sglang} torchvision",
+    "pip install --no-deps <sgl-kernel-cpu wheel: its own stack, -march=native>",
     "torchvision _meta_registrations.py: {old} -> {new}",
     "python -c 'import torchvision.transforms, sgl_kernel, sglang.srt.server_args'",
 )
@@ -60,7 +61,7 @@ HARD_CODED_FLAGS = ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni", "-mamx-t
 def _recipe() -> str:
     return "\n".join([
         f"sglang=={SGLANG_VERSION}", f"torch=={TORCH_VERSION}", REQUIREMENTS.read_text(),
-        "sgl-kernel-cpu 0.4.5 (modal-projects/sglang 8905cbd4)", " ".join(HARD_CODED_FLAGS),
+        f"torchvision=={TORCHVISION_VERSION}", KERNEL_RECIPE, " ".join(HARD_CODED_FLAGS),
         *(step.format(torch=TORCH_VERSION, sglang=SGLANG_VERSION, old=TORCHVISION_OLD, new=TORCHVISION_NEW)
           for step in STEPS),
     ])  # fmt: skip
@@ -103,15 +104,12 @@ def fix_torchvision(python: Path) -> None:
     meta.write_text(text)
 
 
-def _build(folder: Path, log: Path) -> None:
-    venv = folder / "venv"
+def _build_kernel(folder: Path, log: Path) -> None:
+    """sgl_kernel's CPU wheel for this CPU, built in a venv of its own (torch and scikit-build-core only)."""
+    venv = folder / "build-venv"
     _run([sys.executable, "-m", "venv", str(venv)], log)
     python = venv / "bin" / "python"
     _pip(python, f"torch=={TORCH_VERSION}", "scikit-build-core>=0.10", "wheel", log=log)
-    pin = folder / "constraints.txt"
-    pin.write_text(f"torch=={TORCH_VERSION}\n")
-    _pip(python, "-r", str(REQUIREMENTS), "-c", str(pin), log=log)
-    _pip(python, "--no-deps", f"sglang=={SGLANG_VERSION}", log=log)
     with tempfile.TemporaryDirectory(prefix="sgl-kernel-") as tmp:
         src = Path(tmp) / "sgl-kernel-cpu"
         shutil.copytree(KERNEL_SOURCES, src)
@@ -120,8 +118,28 @@ def _build(folder: Path, log: Path) -> None:
         cmake.chmod(0o644)
         cmake.write_text(native_cmake(cmake.read_text()))
         env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
-        argv = ["nice", "-n", "10", str(python), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "."]
-        _run(argv, log, cwd=src, env=env)
+        argv = ["nice", "-n", "10", str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps"]
+        _run([*argv, "-w", str(folder / "wheels"), "."], log, cwd=src, env=env)
+    shutil.rmtree(venv)
+
+
+def ensure_kernel_wheel() -> Path:
+    """sgl_kernel's CPU wheel, built once per machine (its own stack: a later step failing keeps it)."""
+    recipe = "\n".join([f"torch=={TORCH_VERSION}", KERNEL_RECIPE, " ".join(HARD_CODED_FLAGS), "-march=native"])
+    folder = ensure_stack_dir("sgl-kernel-cpu", recipe, _build_kernel)
+    return next((folder / "wheels").glob("sglang_kernel_cpu-*.whl"))
+
+
+def _build(folder: Path, log: Path) -> None:
+    venv = folder / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], log)
+    python = venv / "bin" / "python"
+    _pip(python, f"torch=={TORCH_VERSION}", log=log)
+    pin = folder / "constraints.txt"
+    pin.write_text(f"torch=={TORCH_VERSION}\n")
+    _pip(python, "-r", str(REQUIREMENTS), "-c", str(pin), log=log)
+    _pip(python, "--no-deps", f"sglang=={SGLANG_VERSION}", f"torchvision=={TORCHVISION_VERSION}", log=log)
+    _pip(python, "--no-deps", str(ensure_kernel_wheel()), log=log)
     fix_torchvision(python)
     _run([str(python), "-c", "import torchvision.transforms, sgl_kernel, sglang.srt.server_args"], log)
 
