@@ -65,10 +65,10 @@ FLAGS = (
 )  # fmt: skip
 
 
-def git(*args: str) -> str:
+def git(*args: str, repo: Path = REPO) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "speedtrap", "GIT_AUTHOR_EMAIL": "speedtrap@example.invalid",
            "GIT_COMMITTER_NAME": "speedtrap", "GIT_COMMITTER_EMAIL": "speedtrap@example.invalid"}  # fmt: skip
-    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, env=env, check=True)  # noqa: S603
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True)  # noqa: S603
     return done.stdout.strip()
 
 
@@ -86,25 +86,25 @@ def copy_package(src: Path, dst: Path) -> None:
             shutil.copy2(path, target)
 
 
-def build_repo(python: Path, commits: tuple[tuple[str, str, str, str, str], ...] = COMMITS) -> dict[str, str]:
-    """``REPO`` anew: the installed sglang package as the base commit, then ``commits``; name -> sha (and base)."""
+def build_repo(python: Path, repo: Path = REPO) -> dict[str, str]:
+    """``repo`` anew: the installed sglang package as the base commit, then ``COMMITS``; name -> sha (and base)."""
     code = "import sglang, os; print(os.path.dirname(sglang.__file__))"
     site = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
     site_dir = site.stdout.strip()
-    shutil.rmtree(REPO, ignore_errors=True)
-    copy_package(Path(site_dir), REPO / "sglang")
-    git("init", "-q", "-b", "main")
-    git("add", "-A")
-    git("commit", "-q", "-m", "sglang 0.5.23 as installed from the wheel")
-    shas = {"base": git("rev-parse", "HEAD")}
-    for name, file, old, new, message in commits:
-        path = REPO / file
+    shutil.rmtree(repo, ignore_errors=True)
+    copy_package(Path(site_dir), repo / "sglang")
+    git("init", "-q", "-b", "main", repo=repo)
+    git("add", "-A", repo=repo)
+    git("commit", "-q", "-m", "sglang 0.5.23 as installed from the wheel", repo=repo)
+    shas = {"base": git("rev-parse", "HEAD", repo=repo)}
+    for name, file, old, new, message in COMMITS:
+        path = repo / file
         text = path.read_text()
         if text.count(old) != 1:
             raise RuntimeError(f"{name}: the text to edit is not in {file} exactly once")
         path.write_text(text.replace(old, new))
-        git("commit", "-q", "-am", message)
-        shas[name] = git("rev-parse", "HEAD")
+        git("commit", "-q", "-am", message, repo=repo)
+        shas[name] = git("rev-parse", "HEAD", repo=repo)
     return shas
 
 
@@ -115,7 +115,9 @@ def export_model(out: Path = MODEL) -> Path:
     return out
 
 
-def manifest_text(python: Path, model: Path, shas: dict[str, str], flags: bool = True, repeats: int = 0) -> str:
+def manifest_text(
+    python: Path, model: Path, shas: dict[str, str], flags: bool = True, repeats: int = 0, repo: Path = REPO
+) -> str:
     """The example's manifest: the launch measured in ``sglang_stack.sglang_argv``, the commits, the flags."""
     sys.path.insert(0, str(ROOT / "tests" / "sglang"))
     import sglang_stack
@@ -129,7 +131,7 @@ def manifest_text(python: Path, model: Path, shas: dict[str, str], flags: bool =
         "[target]",
         f"launch = {json.dumps(launch)}",
         f"model = {json.dumps(str(model))}",
-        f"repo = {json.dumps(str(REPO))}",
+        f"repo = {json.dumps(str(repo))}",
         f"base = {json.dumps(shas['base'])}",
         "pythonpath = [\".\"]                 # the worktree's sglang/ shadows the venv's",
         'health = "http://127.0.0.1:{port}/health"',

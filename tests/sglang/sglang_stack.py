@@ -172,22 +172,26 @@ def sglang_argv(python: Path, model: Path, port: int, *extra: str) -> list[str]:
 
 
 def sglang_env(**switches: str) -> dict[str, str]:
-    """This environment without any SGLang switch, plus the CPU engine and ``switches``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SPEEDTRAP_SGLANG_"))}
+    """This environment without any SGLang switch (nor our PYTHONPATH), plus the CPU engine and ``switches``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SPEEDTRAP_SGLANG_", "PYTHONPATH"))}
     return {**env, "SGLANG_USE_CPU_ENGINE": "1", **switches}
 
 
-def start_sglang(python: Path, model: Path, log: Path, *extra: str, **switches: str) -> Server:
-    """An SGLang server started through isolate's launcher (own process group, stopped with its children)."""
+def start_sglang(
+    python: Path, model: Path, log: Path, *extra: str, source: Path | None = None, **switches: str
+) -> Server:
+    """An SGLang server started through isolate's launcher (own process group, stopped with its children);
+    ``source``: a folder holding an ``sglang`` package that shadows the venv's (a worktree of the example)."""
     from speedtrap.isolate import LaunchSpec, free_port, launch
 
     port = free_port()
     spec = LaunchSpec(
         tuple(sglang_argv(python, model, port, *extra)),
-        sglang_env(**switches),
+        sglang_env(**switches, **({"PYTHONPATH": str(source)} if source else {})),
         f"http://127.0.0.1:{port}/health",
         start_timeout=START_TIMEOUT,
         stop_timeout=30.0,
+        cwd=source,
     )
     return launch(spec, log, port)
 
