@@ -10,8 +10,8 @@ Builds the SGLang venv (once per machine), the GLM-4-MoE export and the example 
 2. brute force: every patch alone, one launch each, measured against that same recording with the same
    verdict; a patch is harmful when its trial fails.
 
-It prints both and whether they agree, and the most SGLang servers alive at once (a watcher polls for
-``sglang.launch_server`` processes every second while it runs).
+It prints both and whether they agree, and the most of its own SGLang servers alive at once (a watcher polls
+every second for ``sglang.launch_server`` processes descended from this one).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ from speedtrap.isolate import Status, isolate, load_isolate_manifest  # noqa: E4
 
 
 class Watcher:
-    """The most ``sglang.launch_server`` processes alive at once (main processes, not their children)."""
+    """The most ``sglang.launch_server`` processes of this benchmark alive at once (main processes only)."""
 
     def __init__(self) -> None:
         self.most = 0
@@ -55,8 +56,17 @@ class Watcher:
         self._thread.join()
 
 
-def servers_alive() -> list[int]:
-    """Pids whose command line runs ``-m sglang.launch_server`` (read from /proc)."""
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def servers_alive(root: int | None = None) -> list[int]:
+    """Pids descended from ``root`` (default: this process) whose command line runs ``-m sglang.launch_server``."""
+    root = os.getpid() if root is None else root
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -65,7 +75,12 @@ def servers_alive() -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"sglang.launch_server" in argv and b"-m" in argv:
+        if b"sglang.launch_server" not in argv or b"-m" not in argv:
+            continue
+        pid = int(proc.name)
+        while pid > 1 and pid != root:
+            pid = _parent(pid)
+        if pid == root:
             out.append(int(proc.name))
     return out
 
