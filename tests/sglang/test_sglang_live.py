@@ -71,10 +71,13 @@ def test_recall_through_the_sglang_api_gives_transformers_answers(
     assert [s["prompt_tokens"] for s in served["samples"]] == [s["prompt_tokens"] for s in local["samples"]]
 
 
-def test_the_dialect_answers_as_the_live_server(sglang_server: Server, smol: InProcessModel) -> None:
-    """Every recorded request sent to the live server and to the imitation: the imitation's answer must agree."""
+def test_the_dialect_answers_as_the_live_server(
+    sglang_server: Server, smol: InProcessModel, stack: tuple[Path, Path]
+) -> None:
+    """Every recorded request sent to the live server and to the imitation: the imitation's answer must agree
+    (the imitation serves under the folder's path, the name SGLang gives a model it loads from a folder)."""
     smol.set_patches([])
-    imitation = TestClient(create_app(smol, dialect="sglang", model_name="MODEL_DIR", context=8192))
+    imitation = TestClient(create_app(smol, dialect="sglang", model_name=str(stack[1]), context=8192))
     with httpx.Client(base_url=_url(sglang_server), timeout=600) as live:
         for name in REPLAYED:
             request = load(name)["request"]
