@@ -215,24 +215,60 @@ other = example_plugin.other:register
 """
 
 
-@pytest.fixture
-def plugin_host(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A real process with a file of a site-packages folder mapped (as vLLM maps torch's libraries there);
-    the folder declares two vLLM general plugins, and VLLM_PLUGINS selects one of them."""
-    site = tmp_path / "lib" / "python3.11" / "site-packages"
+def _mapping_host(site: Path, mapped: Path) -> subprocess.Popen[bytes]:
     (site / "example_plugin-0.1.0.dist-info").mkdir(parents=True)
     (site / "example_plugin-0.1.0.dist-info" / "entry_points.txt").write_text(ENTRY_POINTS)
-    (site / "libmapped.so").write_bytes(b"\0" * 4096)
+    mapped.parent.mkdir(parents=True, exist_ok=True)
+    mapped.write_bytes(b"\0" * 4096)
     code = "import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
     code += "print('mapped', flush=True); time.sleep(60)"
     env = {"PATH": os.environ.get("PATH", ""), "VLLM_PLUGINS": "example_patches", "SPEEDTRAP_VLLM_X": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(site / "libmapped.so")], env=env, stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(mapped)], env=env, stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"mapped\n"
+    return proc
+
+
+@pytest.fixture
+def plugin_host(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real process with a file of an installed vllm package mapped (as vLLM maps its compiled ops);
+    the folder declares two vLLM general plugins, and VLLM_PLUGINS selects one of them."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    proc = _mapping_host(site, site / "vllm" / "_C.abi3.so")
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_vllm_plugin_is_not_loaded_in_a_process_that_is_not_vllm(tmp_path: Path) -> None:
+    """The same plugins installed beside another server (as smg-grpc-servicer's sits in SGLang's venv):
+    that process maps only torch-like libraries, so vLLM's plugin groups are never read there."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    proc = _mapping_host(site, site / "torch" / "lib" / "libmapped.so")
+    try:
+        result = CliRunner().invoke(app, ["inspect", "--pid", str(proc.pid), "--json"])
+        human = CliRunner().invoke(app, ["inspect", "--pid", str(proc.pid)])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["plugins_loaded"] == []
+    assert {p["name"]: p["loaded"] for p in data["plugins"]} == {"example_patches": False, "other": False}
+    assert {p["reason"] for p in data["plugins"]} == {"this process is not vLLM"}
+    assert "plugin example_patches" in human.output and "not loaded: this process is not vLLM" in human.output
+
+
+def test_a_process_runs_vllm_by_its_module_its_script_or_its_mapped_files() -> None:
+    from speedtrap.triage._plugins import runs_vllm
+
+    assert runs_vllm(["python", "-m", "vllm.entrypoints.openai.api_server"], None)
+    assert runs_vllm(["/v/bin/vllm", "serve", "m"], None)
+    assert not runs_vllm(["python", "-m", "sglang.launch_server"], None)
+    maps = "7f0-7f1 r--p 0 08:01 12 /v/lib/python3.11/site-packages/vllm/_C.abi3.so\n"
+    assert runs_vllm(["python", "x.py"], maps)
+    assert not runs_vllm(["python", "x.py"], maps.replace("/vllm/", "/sglang/"))
 
 
 def test_inspect_names_the_vllm_plugins_the_process_loads(plugin_host: subprocess.Popen[bytes]) -> None:
@@ -248,11 +284,12 @@ def test_inspect_names_the_vllm_plugins_the_process_loads(plugin_host: subproces
         "target": "example_plugin:register",
         "distribution": "example_plugin 0.1.0",
         "loaded": True,
+        "reason": "",
     }
     assert not by_name["other"]["loaded"]
     human = CliRunner().invoke(app, ["inspect", "--pid", str(plugin_host.pid)])
     assert "plugin example_patches (vllm.general_plugins: example_plugin:register" in human.output
-    assert "plugin other" in human.output and "not selected by VLLM_PLUGINS" in human.output
+    assert "plugin other" in human.output and "not loaded: not selected by VLLM_PLUGINS" in human.output
 
 
 def test_vllm_plugins_selection_follows_vllm() -> None:

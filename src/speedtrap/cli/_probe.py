@@ -107,6 +107,7 @@ def recall_cmd(
     results: Annotated[Path | None, typer.Option("--results", help="Write samples here as they finish.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the samples missing from --results.")] = False,
     model: ModelOpt = "",
+    api: ApiOpt = "openai",
     set_: SetOpt = None,
     concurrency: ConcurrencyOpt = 8,
     timeout: TimeoutOpt = 600.0,
@@ -125,7 +126,7 @@ def recall_cmd(
             raise UsageError("with --baseline FILE the recording's settings are used", "drop the grid options")
         recall_against(
             baseline,
-            lambda: candidate_backend(target, model, "openai", patches, set_, concurrency, timeout, retries),
+            lambda: candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries),
             json,
         )
         return
@@ -149,7 +150,7 @@ def recall_cmd(
     if _is_url(target):
         if patches or set_:
             raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
-        backend = _http(target, model, concurrency, timeout, "openai", retries)
+        backend = _http(target, model, concurrency, timeout, api, retries)
         asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
     else:
         loaded = _load_smol(target, set_, patches)

@@ -81,7 +81,13 @@ def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = 
 def export_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write (new, or empty).")],
     target: TargetOpt = "smol-moe",
-    format: Annotated[str, typer.Option("--format", help="hf: a Hugging Face folder (LlamaForCausalLM).")] = "hf",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="hf: a Hugging Face folder (LlamaForCausalLM); glm4-moe: the same function as Glm4MoeForCausalLM.",
+        ),
+    ] = "hf",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing folder.")] = False,
     json: JsonOpt = False,
 ) -> None:
@@ -92,10 +98,10 @@ def export_cmd(
     if not isinstance(resolve_target(target), SmolMoETarget):
         raise UsageError(f"export is defined for smol-moe only, not {target!r}", "pass --target smol-moe")
     if format not in FORMATS:
-        raise UsageError(f"--format {format!r} is not one of {', '.join(FORMATS)}", "pass --format hf")
+        raise UsageError(f"--format {format!r} is not one of {', '.join(FORMATS)}", f"pass --format {FORMATS[0]}")
     check_out(out, force)  # before reading any weights
     with err_console.status("reading the dense weights"):
-        result = export_hf(dense_weights(), out, overwrite=force)
+        result = export_hf(dense_weights(), out, overwrite=force, format=format)
     if json:
         emit_json(result.to_json())
         return

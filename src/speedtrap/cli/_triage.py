@@ -189,8 +189,7 @@ def inspect_cmd(
     out_console.print(table)
     out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False, markup=False)
     for p in report.plugins:
-        state = "loaded" if p.loaded else "installed, not selected by VLLM_PLUGINS"
-        line = f"plugin {p.name} ({p.group}: {p.target}, {p.distribution}): {state}"
+        line = f"plugin {p.name} ({p.group}: {p.target}, {p.distribution}): {p.state}"
         out_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if report.other_switches:
         out_console.print(

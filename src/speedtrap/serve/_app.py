@@ -107,6 +107,8 @@ def create_app(
             raise ApiError(400, exc.one_line(), exc.code) from None
 
     def check_model(requested: str) -> None:
+        if sglang:  # SGLang serves any name asked for, echoing it (serving_base.py:40-60: only a ":" picks LoRA)
+            return
         if requested and requested != name:
             message = f"The model {requested!r} does not exist; this server serves {name!r}"
             raise ApiError(404, message, "model_not_found")
@@ -119,7 +121,8 @@ def create_app(
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            # SGLang reports cached tokens only under --enable-cache-report (usage_processor.py:38-44)
+            "prompt_tokens_details": None if sglang else {"cached_tokens": cached},
         }
 
     @app.get("/health")
@@ -165,7 +168,7 @@ def create_app(
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": name,
+            "model": (req.model or name) if sglang else name,
             "choices": [choice],
             "usage": usage(gen.prompt_tokens, len(gen.token_ids), gen.cached_tokens),
         }
@@ -215,6 +218,8 @@ def create_app(
                 entries += [(piece(s.token, as_ids), s.logprob, _top(s, req.logprobs, piece, as_ids)) for s in scores]
             entries += [(piece(s.token, as_ids), s.logprob, _top(s, req.logprobs, piece, as_ids)) for s in out_steps]
             choice["logprobs"] = _completion_logprobs(entries)
+            if sglang:  # SGLang writes no offsets (entrypoints/openai/utils.py: text_offset -1 per token)
+                choice["logprobs"]["text_offset"] = [-1] * len(entries)
         if req.echo:
             choice["text"] = tokenizer.decode(ids) + choice["text"]
         if req.prompt_logprobs is not None:
@@ -229,7 +234,7 @@ def create_app(
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": name,
+            "model": (req.model or name) if sglang else name,
             "choices": [choice],
             "usage": usage(len(ids), completion),
         }

@@ -18,6 +18,12 @@ server that hides the differences:
   (orjson, utils/json_response.py:15-17).
 - ``--allow-auto-truncate`` cuts a prompt of ``context`` tokens or more to its first ``context``
   tokens and ``max_new_tokens`` to what is left, silently (managers/tokenizer_manager.py:1333-1367).
+- any ``model`` name is served and echoed (entrypoints/openai/serving_base.py:40-60: only ``base:adapter``
+  picks a LoRA adapter); the real server answered ``"model": "default"`` for the folder it serves
+  (tests/data/sglang-shapes/chat_completions.json).
+- ``usage.prompt_tokens_details`` is ``null`` (entrypoints/openai/usage_processor.py:38-44: only with
+  ``--enable-cache-report``).
+- ``/v1/completions`` logprobs carry ``text_offset`` -1 for every token (entrypoints/openai/utils.py).
 - no ``/version``; ``/server_info`` says the version (http_server.py:863-890).
 """
 

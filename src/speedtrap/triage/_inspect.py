@@ -235,5 +235,5 @@ def inspect_process(pid: int, patches: list[PatchInput], ssh_host: str | None = 
     known = {k for p in patches if p.gate is not None for k, _ in p.gate.env}
     env_shown, hidden = redact_env(env)
     others = {k: v for k, v in env_shown.items() if k.startswith(_SWITCH_PREFIXES) and k not in known}
-    plugins = process_plugins(maps, env)
+    plugins = process_plugins(maps, env, argv)
     return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others, plugins)
