@@ -76,19 +76,18 @@ def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retr
 def _load_smol(target: str, overrides: list[str] | None, patches: str | None = None) -> Any:
     """An in-process target with the user patches among ``patches`` (imported before the slow load)."""
     from speedtrap.patching import parse_patch_list
-    from speedtrap.serve import parse_overrides
-    from speedtrap.targets import resolve_target, user_patches
+    from speedtrap.targets import load_target, parse_overrides, resolve_target
 
-    resolved = resolve_target(target)
-    extra = user_patches(parse_patch_list(patches))
+    resolved = resolve_target(target)  # a bad name fails before the spinner
     with err_console.status(f"loading {target}"):
-        return resolved.load(parse_overrides(overrides or []), extra)
+        return load_target(resolved, parse_overrides(overrides or []), parse_patch_list(patches))
 
 
 def _patch_names(model: Any, patches: str | None) -> list[str]:
-    from speedtrap.patching import names_switched_on, parse_patch_list
+    from speedtrap.patching import parse_patch_list
+    from speedtrap.targets import patches_switched_on
 
-    return parse_patch_list(patches) if patches is not None else names_switched_on(model.patch_infos(), os.environ)
+    return parse_patch_list(patches) if patches is not None else patches_switched_on(model)
 
 
 @probe_app.command("recall")
@@ -274,18 +273,20 @@ def divergence_cmd(
     _print_divergence(report)
     if verdict:
         word = "FAIL" if verdict["fails"] else "pass"
-        out_console.print(f"verdict: {word}: worst.kl_p99 {verdict['value']:.4g} vs {verdict['bound']:.4g} "
+        out_console.print(f"verdict: {word}: {verdict['metric']} {verdict['value']:.4g} vs {verdict['bound']:.4g} "
                           f"({verdict['origin']})", highlight=False)  # fmt: skip
 
 
 def _verdict(report: DivergenceReport, floor: NoiseFloor | None, margin: float, bound: float | None) -> dict[str, Any]:
     """worst.kl_p99 against ``bound`` if given (it wins), else against the bound derived from ``floor``."""
-    worst = max(p.overall.kl_p99 for p in report.phases.values())
-    if bound is not None or floor is None:
-        limit, origin = float(bound or 0.0), "the explicit --bound"
-    else:
-        limit, origin = floor.bound("worst.kl_p99", margin), floor.describe("worst.kl_p99", margin)
-    return {"metric": "worst.kl_p99", "value": worst, "bound": limit, "origin": origin, "fails": worst > limit}
+    from speedtrap.isolate import report_figures
+    from speedtrap.spec import DEFAULT_BOUND, Bound
+
+    explicit = Bound.of(DEFAULT_BOUND.metric, bound, origin="the explicit --bound") if bound is not None else None
+    limit = Bound.resolve(explicit, floor, DEFAULT_BOUND.metric, margin)
+    value = report_figures("divergence", report)[limit.metric]
+    return {"metric": limit.metric, "value": value, "bound": limit.value, "origin": limit.origin,
+            "fails": limit.fails(value)}  # fmt: skip
 
 
 async def _connect(*backends: Backend) -> None:

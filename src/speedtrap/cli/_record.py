@@ -56,7 +56,7 @@ def candidate_backend(
         backend = _http(target, model, concurrency, timeout, api, retries)
         asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
         return backend
-    loaded = _load_smol(target, set_)
+    loaded = _load_smol(target, set_, patches)  # user patches (module:function) join the catalogue
     return InProcessBackend(loaded, _patch_names(loaded, patches))
 
 
@@ -242,14 +242,14 @@ def check_callback(
     if probe not in PROBES:
         raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
     from speedtrap.probe import resolve_settings
-    from speedtrap.regress import DEFAULT_BOUNDS, Bound, junit_xml
+    from speedtrap.regress import junit_xml
+    from speedtrap.spec import Bound
 
     recording = load_recording(against)
-    bounds = [Bound.parse(b) for b in (bound or DEFAULT_BOUNDS)]
-    noise = recording.floor
-    if not bound and noise is not None and "divergence" in recording.kinds:
-        bounds = [Bound("worst.kl_p99", "<=", noise.bound("worst.kl_p99"))]
-        err_console.print(f"verdict: {noise.describe('worst.kl_p99')} (stored with the recording)", highlight=False)
+    noise = recording.floor if "divergence" in recording.kinds else None
+    bounds = [Bound.parse(b) for b in bound or []] or [Bound.resolve(None, noise)]  # explicit, else floor, else default
+    if not bound and noise is not None:
+        err_console.print(f"verdict: {bounds[0].origin} (stored with the recording)", highlight=False)
     kinds = recording.kinds if probe == "all" else [probe]
     for kind in kinds:
         resolve_settings(recording, kind, None)

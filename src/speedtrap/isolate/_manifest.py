@@ -75,6 +75,7 @@ from speedtrap.isolate._spec import (
     VerdictSpec,
 )
 from speedtrap.isolate._worktree import commit_target_fields, resolve_commit_patches
+from speedtrap.spec import DEFAULT_BOUND, Bound, polarity
 
 __all__ = [
     "IsolateManifest",
@@ -378,11 +379,11 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
         raise ManifestError(f"verdict.rule {rule!r} is not one of {', '.join(RULES)}", 'write rule = "threshold"')
     if rule == "recall_drop" and probe.kind != "recall":
         raise ManifestError('verdict.rule = "recall_drop" needs probe.kind = "recall"', "change one of them")
-    default_metric = {"divergence": "decode.kl_p99", "recall": "accuracy", "command": "metric"}[probe.kind]
+    default_metric = {"divergence": DEFAULT_BOUND.metric, "recall": "accuracy", "command": "metric"}[probe.kind]
     metric = raw.get("metric", default_metric)
     if not isinstance(metric, str) or not metric:
         raise ManifestError("verdict.metric must be a figure name", f'write metric = "{default_metric}"')
-    direction = raw.get("direction", "below" if metric.endswith(("accuracy", "same_top1")) else "above")
+    direction = raw.get("direction", polarity(metric, "above"))  # the registry's; a command's own figure: above
     if direction not in DIRECTIONS:
         raise ManifestError(f"verdict.direction {direction!r} must be above or below", 'write direction = "above"')
     near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
@@ -417,12 +418,12 @@ def _recorded_floor_verdict(
     if direction != "above":
         raise ManifestError("a noise floor bounds a figure that fails above", 'write direction = "above" or a bound')
     try:
-        bound, origin = floor.bound(metric, DEFAULT_MARGIN), floor.describe(metric, DEFAULT_MARGIN)
+        derived = Bound.from_floor(floor, metric, DEFAULT_MARGIN)
     except UsageError as exc:
         raise ManifestError(exc.problem, exc.fix) from None
     return VerdictSpec(
-        rule="threshold", metric=metric, bound=bound, direction=direction, near=near,
+        rule="threshold", metric=metric, bound=derived.value, direction=direction, near=near,
         repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
         margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
-        origin=f"{origin}, stored with {Path(probe.reference).name}",
+        origin=f"{derived.origin}, stored with {Path(probe.reference).name}",
     )  # fmt: skip
