@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from rich.table import Column, Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
-from speedtrap.patching import names_switched_on, parse_patch_list
+from speedtrap.patching import parse_patch_list
 from speedtrap.targets import InProcessModel
 
 diff_app = typer.Typer(
@@ -41,23 +40,19 @@ TokensOpt = Annotated[int, typer.Option("--tokens", help="Input length in tokens
 
 
 def _overrides(pairs: list[str] | None) -> dict[str, str]:
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {pair!r} is not KEY=VALUE", "e.g. --set routed_scaling_factor=1.5")
-        out[key.strip()] = value.strip()
-    return out
+    from speedtrap.targets import parse_overrides
+
+    return parse_overrides(pairs or [])
 
 
 def load_with_patches(target: str, patches: str | None, overrides: dict[str, str]) -> tuple[InProcessModel, list[str]]:
     """Load a target; user patches (``module:function``) join its catalogue. Returns the patch names."""
-    from speedtrap.targets import load_target
+    from speedtrap.targets import load_target, patches_switched_on
 
     names = parse_patch_list(patches)
     model = load_target(target, overrides, names)
     if patches is None:
-        names = names_switched_on(model.patch_infos(), os.environ, model.config)
+        names = patches_switched_on(model)
     return model, names
 
 

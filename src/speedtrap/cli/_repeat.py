@@ -85,7 +85,7 @@ def repeat_cmd(
         backend = _http(target, model, max(concurrency, settings.batch + 1), timeout, api, retries)
         asyncio.run(_connect(backend))
     else:
-        loaded = _load_smol(target, set_)
+        loaded = _load_smol(target, set_, patches)
         backend = InProcessBackend(loaded, _patch_names(loaded, patches))
     try:
         report = run_repeat(backend, settings, progress=True)
