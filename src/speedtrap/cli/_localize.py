@@ -10,6 +10,7 @@ from rich.table import Column, Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import JsonOpt, PatchesOpt, SetOpt
 from speedtrap.patching import parse_patch_list
 from speedtrap.targets import InProcessModel
 
@@ -18,23 +19,9 @@ diff_app = typer.Typer(
 )
 app.add_typer(diff_app, name="diff")
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 TargetOpt = Annotated[
     str,
     typer.Option("--target", "-t", help="smol-moe, hf:<model type> (deepseek_v4, ...), hf:<dir> or hf:<file.gguf>."),
-]
-PatchesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--patches",
-        "-p",
-        help="Comma-separated patch names or user patches (module:function, file.py:function); "
-        "default: those whose gate is on in the environment.",
-    ),
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Config override KEY=VALUE (repeatable), e.g. routed_scaling_factor=1.5."),
 ]
 TokensOpt = Annotated[int, typer.Option("--tokens", help="Input length in tokens (fixed prose, or seeded ids).")]
 

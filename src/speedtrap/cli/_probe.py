@@ -14,28 +14,26 @@ from rich.table import Table
 from speedtrap._errors import UsageError
 from speedtrap.cli import _serve as _serve  # registers `speedtrap serve`
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import (
+    ApiOpt,
+    ConcurrencyOpt,
+    JsonOpt,
+    LengthsOpt,
+    ModelOpt,
+    PatchesOpt,
+    QuickOpt,
+    RetriesOpt,
+    SeedOpt,
+    SetOpt,
+    TargetOpt,
+    TimeoutOpt,
+)
 
 if TYPE_CHECKING:
     from speedtrap.probe import Backend, DivergenceReport, NoiseFloor, RecallReport
 
 probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// base URL.")]
-ModelOpt = Annotated[str, typer.Option("--model", help="The model name on the server (default: its first).")]
-PatchesOpt = Annotated[
-    str | None,
-    typer.Option("--patches", "-p", help="smol-moe patches a,b (default: those whose env var is on)."),
-]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="smol-moe config override key=value (repeatable).")]
-LengthsOpt = Annotated[str | None, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed of the planted values and filler order.")]
-ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", help="HTTP requests in flight.")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
-RetriesOpt = Annotated[int, typer.Option("--retries", help="HTTP retries (connection errors, 5xx, timeouts).")]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Start from the quick preset (a CI-sized grid).")]
-ApiOpt = Annotated[str, typer.Option("--api", help="Prompt-logprob dialect: openai, vllm or sglang.")]
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:

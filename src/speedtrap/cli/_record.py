@@ -13,7 +13,7 @@ import typer
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
-from speedtrap.cli._probe import (
+from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
     JsonOpt,
@@ -24,7 +24,10 @@ from speedtrap.cli._probe import (
     RetriesOpt,
     SeedOpt,
     SetOpt,
+    TargetOpt,
     TimeoutOpt,
+)
+from speedtrap.cli._probe import (
     _connect,
     _floats,
     _http,
@@ -64,7 +67,7 @@ def candidate_backend(
 @user_errors
 def record_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="The recording file to write (e.g. baseline.strec).")],
-    target: Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// URL.")] = "smol-moe",
+    target: TargetOpt = "smol-moe",
     probe: Annotated[str, typer.Option("--probe", help="divergence, recall or all.")] = "divergence",
     patches: PatchesOpt = None,
     lengths: LengthsOpt = None,
@@ -203,7 +206,10 @@ def check_callback(
     against: Annotated[
         Path | None, typer.Option("--against", help="A recording of the trusted build (speedtrap record).")
     ] = None,
-    target: Annotated[str | None, typer.Option("--target", "-t", help="The build to gate: a URL, or smol-moe.")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="The build to gate: a server URL, smol-moe or hf:<model> (--patches)."),
+    ] = None,
     bound: Annotated[
         list[str] | None,
         typer.Option("--bound", help="METRIC<=VALUE or METRIC>=VALUE (repeatable; default worst.kl_p99<=0.1)."),

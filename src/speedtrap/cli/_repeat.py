@@ -12,7 +12,7 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import emit_json, err_console, out_console, user_errors
-from speedtrap.cli._probe import (
+from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
     JsonOpt,
@@ -25,15 +25,8 @@ from speedtrap.cli._probe import (
     SetOpt,
     TargetOpt,
     TimeoutOpt,
-    _close,
-    _connect,
-    _http,
-    _ints,
-    _is_url,
-    _load_smol,
-    _patch_names,
-    probe_app,
 )
+from speedtrap.cli._probe import _close, _connect, _http, _ints, _is_url, _load_smol, _patch_names, probe_app
 
 if TYPE_CHECKING:
     from speedtrap.probe import Backend, RepeatReport

@@ -11,10 +11,10 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import JsonOpt
 from speedtrap.patching import names_switched_on, parse_patch_list, select_patches_by_name
 from speedtrap.targets import known_targets, load_target, resolve_target
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target name (see `speedtrap targets`).")]
 PatchesOpt = Annotated[
     str | None,
