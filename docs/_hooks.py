@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def _cell(text: Any) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;")
 
 
 def _command(cmd: Any, path: list[str], out: list[str]) -> None:
@@ -114,7 +115,7 @@ def manifest_page() -> str:
         "`schemas/manifest.schema.json`: point your editor's TOML plugin (Taplo, Even Better TOML) at it with",
         "`#:schema ./schemas/manifest.schema.json` on the manifest's first line.\n",
         "## Every table at once\n",
-        "```toml" + (_manifest.__doc__ or "").split("::", 1)[-1].rstrip() + "\n```\n",
+        "```toml\n" + textwrap.dedent((_manifest.__doc__ or "").split("::", 1)[-1]).strip("\n") + "\n```\n",
     ]
     props = schema["properties"]
     out += ["## `[target]` (in-process)\n", *_table(props["target"], defs, "target.")]

@@ -37,8 +37,8 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
 
     [verdict]
     rule = "threshold"             # threshold | recall_drop
-    metric = "decode.kl_p99"       # a figure the probe reports
-    bound = 0.5
+    metric = "worst.kl_p99"        # a figure the probe reports (the default; see speedtrap.spec.metric)
+    bound = 0.1
     direction = "above"            # fail when the metric is above (or below) the bound
     near = 0.25                    # relative band around the bound that is repeated
     repeats = 2                    # extra trials for a verdict near the threshold

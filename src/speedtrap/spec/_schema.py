@@ -20,7 +20,9 @@ class PatchTable(BaseModel):
     """One ``[[patches]]`` table of ``speedtrap.toml`` (read by triage and isolate)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="The patch's name (unique in the manifest).")
+    name: str = Field(
+        min_length=1, description="The patch's name (unique); in-process, a user patch's module:function works too."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables that switch it on.")
     args: list[str] = Field(default_factory=list, description="Launch arguments that switch it on.")
     config: dict[str, str] = Field(default_factory=dict, description="Model-config keys that select it.")
@@ -45,9 +47,6 @@ class InProcessTarget(BaseModel):
     name: str | None = Field(None, description="smol-moe, or hf:<model type | directory | file.gguf>.")
     overrides: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Config overrides key = value (what --set gives)."
-    )
-    patches: list[str] = Field(
-        default_factory=list, description="User patches as module:function (or file.py:function) entry points."
     )
 
 
