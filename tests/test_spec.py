@@ -141,3 +141,12 @@ def test_a_probe_is_a_union_tagged_on_kind() -> None:
     assert parse_probe({"kind": "recall", "settings": {"lengths": [256]}}).settings == {"lengths": [256]}
     assert parse_probe({"kind": "command", "argv": ["python", "eval.py"]}).model_dump()["timeout"] == 600.0
     assert json.loads(json.dumps(parse_probe({"kind": "repeat"}).model_dump()))["kind"] == "repeat"
+
+
+def test_the_manifest_parser_reads_the_probe_through_the_spec() -> None:
+    """A type the hand-written checks do not look at (a setting's value) is refused by the spec's Probe."""
+    from speedtrap._errors import ManifestError
+
+    text = '[target]\nname = "smol-moe"\n[probe]\nkind = "divergence"\nsettings = { lengths = { a = 1 } }\n'
+    with pytest.raises(ManifestError, match=r"^probe\.settings\.lengths must be a number"):
+        parse_manifest(tomllib.loads(text + "[verdict]\nbound = 0.1\n"), Path("/m"))

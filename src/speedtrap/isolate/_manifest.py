@@ -75,7 +75,7 @@ from speedtrap.isolate._spec import (
     VerdictSpec,
 )
 from speedtrap.isolate._worktree import commit_target_fields, resolve_commit_patches
-from speedtrap.spec import DEFAULT_BOUND, Bound, polarity
+from speedtrap.spec import DEFAULT_BOUND, Bound, parse_probe, polarity
 
 __all__ = [
     "IsolateManifest",
@@ -368,6 +368,10 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
     for key in ("api", "model"):
         if key in raw and (target.in_process or kind == "command"):
             raise ManifestError(f"probe.{key} is for the HTTP probes of a server target", f"drop probe.{key}")
+    try:  # the spec's Probe (a union tagged on kind) is the last word on types and keys
+        parse_probe(dict(raw))
+    except UsageError as exc:
+        raise ManifestError(exc.problem, exc.fix) from None
     preset_name = None if preset == "default" else preset
     return ProbeSpec(kind, preset_name, dict(settings), argv, timeout, api, model, reference)
 

@@ -26,6 +26,7 @@ class _Probe(BaseModel):
     )
     api: Api = Field("openai", description="Server targets: the prompt-logprob dialect.")
     model: str | None = Field(None, description="Server targets: the model name requests carry.")
+    timeout: float = Field(600.0, gt=0, description='Accepted for every kind; read by kind = "command" only.')
 
 
 class DivergenceProbe(_Probe):
@@ -82,11 +83,14 @@ def parse_probe(
 def usage_error(exc: ValidationError, where: str) -> UsageError:
     """The first of pydantic's errors as one line naming the key, with a fix."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"] if not str(p).endswith("Probe") and p not in PROBE_KINDS]
+    branches = {"int", "float", "bool", "str", "list[int]", "list[float]"}  # a union's branches, not keys
+    loc = [str(p) for p in err["loc"] if not str(p).endswith("Probe") and p not in PROBE_KINDS and p not in branches]
     key = ".".join([where, *loc]) if loc else where
     kind = err["type"]
     if kind == "extra_forbidden":
         return UsageError(f"unknown key {key}", "drop it (see the manifest reference)")
     if kind == "union_tag_invalid":
         return UsageError(f"{where}.kind must be one of {', '.join(PROBE_KINDS)}", 'write kind = "divergence"')
+    if len(loc) == 2 and loc[0] == "settings":
+        return UsageError(f"{key} must be a number, true/false, a string or a list of numbers", "e.g. lengths = [256]")
     return UsageError(f"{key}: {err['msg']}", "see the manifest reference (docs/reference/manifest.md)")
