@@ -42,6 +42,7 @@ from speedtrap.cli._repeat import store_floor
 
 if TYPE_CHECKING:
     from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
+    from speedtrap.spec import Bound
 
 PROBES = ("divergence", "recall", "all")
 
@@ -278,7 +279,9 @@ def check_callback(
     raise typer.Exit(result.exit_code)
 
 
-def _gate(recording: Recording, cand: Backend, kinds: list[str], bounds: list[Any], margin: float, target: str) -> Any:
+def _gate(
+    recording: Recording, cand: Backend, kinds: list[str], bounds: list[Bound], margin: float, target: str
+) -> Any:
     from speedtrap.probe import run_against
     from speedtrap.regress import GateResult, judge_divergence, judge_recall
 

@@ -111,6 +111,11 @@ def print_repeat(report: RepeatReport) -> None:
         out_console.print(f"finding: {finding.message}", highlight=False)
     if f.excluded:
         out_console.print(f"the floor leaves out: {', '.join(f.excluded)} (a finding, not noise)", highlight=False)
-    out_console.print(f"derived verdict: fail when worst.kl_p99 > {f.bound():.4g} ({f.describe()})", highlight=False)
+    from speedtrap.spec import Bound
+
+    derived = Bound.from_floor(f)  # the spec's rule: floor + max(margin, floor) on worst.kl_p99
+    out_console.print(
+        f"derived verdict: fail when {derived.metric} > {derived.value:.4g} ({derived.origin})", highlight=False
+    )
     if f.note:
         err_console.print(f"note: {f.note}", highlight=False)
