@@ -20,7 +20,7 @@ Methods, side by side in one run:
   checks the found sets need (everything but them; with two or more, each set among the rest and
   each pair among the rest). It blames every patch that fails alone;
 - ddmin: baseline and full set, then Zeller and Hildebrandt's ddmin (one 1-minimal set);
-- v1: the search before issue 17 (a frozen copy in benchmarks/_search_v1.py);
+- v1: the search before issue 17 (read from the git tag ``search-v1``: benchmarks/_search_v1.py there);
 - isolate: the current search (``Search``, plan picked from n).
 
 ``--near`` prints another table instead: a deterministic stack whose every figure sits near the bound
@@ -42,7 +42,9 @@ import json
 import math
 import random
 import statistics
+import subprocess
 import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +52,25 @@ from typing import Any
 
 from speedtrap.isolate import Evaluator, FunctionOracle, Judgement, Search, ThresholdRule, TrialStore, Verdict
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _search_v1 import SearchV1
+V1_TAG = "search-v1"  # git tag of the commit that still holds benchmarks/_search_v1.py (the search at dcc82ad)
+
+
+def load_search_v1() -> Any:
+    """v1 of the search, read from the git tag ``search-v1`` into a module (the tree no longer holds it)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        text = subprocess.run(
+            ["git", "show", f"{V1_TAG}:benchmarks/_search_v1.py"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        sys.exit(f"bench_isolate: cannot read the v1 search from git tag {V1_TAG} (fix: git fetch --tags)")
+    module = types.ModuleType("_search_v1")
+    sys.modules[module.__name__] = module  # dataclasses look their module up while the class is built
+    exec(compile(text, f"{V1_TAG}:benchmarks/_search_v1.py", "exec"), module.__dict__)
+    return module.SearchV1
+
+
+SearchV1 = load_search_v1()
 
 Broken = Callable[[frozenset[str]], bool]
 SIGMA = 0.3

@@ -146,7 +146,7 @@ def test_an_interrupted_record_resumes_to_the_same_recording(
 def cli_model(smol: InProcessModel, monkeypatch: pytest.MonkeyPatch) -> InProcessModel:
     import speedtrap.cli._record as cli_record
 
-    monkeypatch.setattr(cli_record, "_load_smol", lambda target, overrides: smol)
+    monkeypatch.setattr(cli_record, "_load_smol", lambda target, overrides, patches=None: smol)
     return smol
 
 
@@ -190,7 +190,7 @@ def test_a_floor_stored_with_the_recording_sets_the_checks_bound(
 
     import speedtrap.cli._repeat as cli_repeat
 
-    monkeypatch.setattr(cli_repeat, "_load_smol", lambda target, overrides: cli_model)
+    monkeypatch.setattr(cli_repeat, "_load_smol", lambda target, overrides, patches=None: cli_model)
     rec = tmp_path / "base.strec"
     shutil.copy(in_process_recording.path, rec)
     with noisy(cli_model, SIGMA):

@@ -12,7 +12,7 @@ import pytest
 
 from speedtrap._errors import StoreError
 from speedtrap._shapes import LayerGrowth
-from speedtrap.report import ReportData, Verdict, load_report_data, report_schema, schema_errors, write_json
+from speedtrap.report import ReportData, ReportVerdict, load_report_data, report_schema, schema_errors, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_the_schema_rejects_what_a_program_could_not_read(run_dir: Path) -> None
 
 def test_write_json_refuses_a_report_that_breaks_the_schema(run_dir: Path, tmp_path: Path) -> None:
     data = load_report_data(run_dir)
-    bad = dataclasses.replace(data, verdict=Verdict("certain", "a verdict the schema does not know"))
+    bad = dataclasses.replace(data, verdict=ReportVerdict("certain", "a verdict the schema does not know"))
     with pytest.raises(StoreError, match="schema"):
         write_json(bad, tmp_path)
     assert not (tmp_path / "report.json").exists()

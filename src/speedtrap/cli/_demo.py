@@ -12,11 +12,11 @@ from rich.markup import escape
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, fail, user_errors
+from speedtrap.cli._options import JsonOpt, SetOpt
 from speedtrap.cli._report import print_verdict
 from speedtrap.progress import LogProgress, RichProgress, for_console
 
 DEMO_DIR = Path("speedtrap-runs") / "demo"
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object on stdout.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="The run directory (reused by a rerun).")]
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Skip each culprit's own recall probe; localize on 48 tokens instead of 96.")
@@ -86,7 +86,7 @@ def run_cmd(
         str | None,
         typer.Option("--patches", "-p", help="In-process: the patches to search, catalogue names or module:function."),
     ] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="In-process config override key=value.")] = None,
+    set_: SetOpt = None,
     symbol: Annotated[
         str, typer.Option("--symbol", help="The factor triage traces and the scale check measures.")
     ] = "routed_scaling_factor",

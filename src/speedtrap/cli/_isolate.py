@@ -11,10 +11,9 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import JsonOpt, SetOpt
 from speedtrap.patching import parse_patch_list
 from speedtrap.progress import RichProgress
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 
 
 @app.command("bisect")
@@ -34,9 +33,7 @@ def bisect_cmd(
     prior: Annotated[
         str | None, typer.Option("--prior", help="Likely suspects first, comma-separated (e.g. triage's tier 1).")
     ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="--target: a config override key=value (repeatable).")
-    ] = None,
+    set_: SetOpt = None,
     probe: Annotated[str | None, typer.Option("--probe", help="--target: divergence (default) or recall.")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="The figure the verdict reads.")] = None,
     bound: Annotated[float | None, typer.Option("--bound", help="Fail above (or below) this value.")] = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,8 @@ from rich.table import Column, Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
-from speedtrap.patching import names_switched_on, parse_patch_list
+from speedtrap.cli._options import JsonOpt, PatchesOpt, SetOpt
+from speedtrap.patching import parse_patch_list
 from speedtrap.targets import InProcessModel
 
 diff_app = typer.Typer(
@@ -19,45 +19,27 @@ diff_app = typer.Typer(
 )
 app.add_typer(diff_app, name="diff")
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 TargetOpt = Annotated[
     str,
     typer.Option("--target", "-t", help="smol-moe, hf:<model type> (deepseek_v4, ...), hf:<dir> or hf:<file.gguf>."),
-]
-PatchesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--patches",
-        "-p",
-        help="Comma-separated patch names or user patches (module:function, file.py:function); "
-        "default: those whose gate is on in the environment.",
-    ),
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Config override KEY=VALUE (repeatable), e.g. routed_scaling_factor=1.5."),
 ]
 TokensOpt = Annotated[int, typer.Option("--tokens", help="Input length in tokens (fixed prose, or seeded ids).")]
 
 
 def _overrides(pairs: list[str] | None) -> dict[str, str]:
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {pair!r} is not KEY=VALUE", "e.g. --set routed_scaling_factor=1.5")
-        out[key.strip()] = value.strip()
-    return out
+    from speedtrap.targets import parse_overrides
+
+    return parse_overrides(pairs or [])
 
 
 def load_with_patches(target: str, patches: str | None, overrides: dict[str, str]) -> tuple[InProcessModel, list[str]]:
     """Load a target; user patches (``module:function``) join its catalogue. Returns the patch names."""
-    from speedtrap.targets import load_target
+    from speedtrap.targets import load_target, patches_switched_on
 
     names = parse_patch_list(patches)
     model = load_target(target, overrides, names)
     if patches is None:
-        names = names_switched_on(model.patch_infos(), os.environ, model.config)
+        names = patches_switched_on(model)
     return model, names
 
 

@@ -14,28 +14,26 @@ from rich.table import Table
 from speedtrap._errors import UsageError
 from speedtrap.cli import _serve as _serve  # registers `speedtrap serve`
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import (
+    ApiOpt,
+    ConcurrencyOpt,
+    JsonOpt,
+    LengthsOpt,
+    ModelOpt,
+    PatchesOpt,
+    QuickOpt,
+    RetriesOpt,
+    SeedOpt,
+    SetOpt,
+    TargetOpt,
+    TimeoutOpt,
+)
 
 if TYPE_CHECKING:
     from speedtrap.probe import Backend, DivergenceReport, NoiseFloor, RecallReport
 
 probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// base URL.")]
-ModelOpt = Annotated[str, typer.Option("--model", help="The model name on the server (default: its first).")]
-PatchesOpt = Annotated[
-    str | None,
-    typer.Option("--patches", "-p", help="smol-moe patches a,b (default: those whose env var is on)."),
-]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="smol-moe config override key=value (repeatable).")]
-LengthsOpt = Annotated[str | None, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed of the planted values and filler order.")]
-ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", help="HTTP requests in flight.")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
-RetriesOpt = Annotated[int, typer.Option("--retries", help="HTTP retries (connection errors, 5xx, timeouts).")]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Start from the quick preset (a CI-sized grid).")]
-ApiOpt = Annotated[str, typer.Option("--api", help="Prompt-logprob dialect: openai, vllm or sglang.")]
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -76,19 +74,18 @@ def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retr
 def _load_smol(target: str, overrides: list[str] | None, patches: str | None = None) -> Any:
     """An in-process target with the user patches among ``patches`` (imported before the slow load)."""
     from speedtrap.patching import parse_patch_list
-    from speedtrap.serve import parse_overrides
-    from speedtrap.targets import resolve_target, user_patches
+    from speedtrap.targets import load_target, parse_overrides, resolve_target
 
-    resolved = resolve_target(target)
-    extra = user_patches(parse_patch_list(patches))
+    resolved = resolve_target(target)  # a bad name fails before the spinner
     with err_console.status(f"loading {target}"):
-        return resolved.load(parse_overrides(overrides or []), extra)
+        return load_target(resolved, parse_overrides(overrides or []), parse_patch_list(patches))
 
 
 def _patch_names(model: Any, patches: str | None) -> list[str]:
-    from speedtrap.patching import names_switched_on, parse_patch_list
+    from speedtrap.patching import parse_patch_list
+    from speedtrap.targets import patches_switched_on
 
-    return parse_patch_list(patches) if patches is not None else names_switched_on(model.patch_infos(), os.environ)
+    return parse_patch_list(patches) if patches is not None else patches_switched_on(model)
 
 
 @probe_app.command("recall")
@@ -275,18 +272,20 @@ def divergence_cmd(
     _print_divergence(report)
     if verdict:
         word = "FAIL" if verdict["fails"] else "pass"
-        out_console.print(f"verdict: {word}: worst.kl_p99 {verdict['value']:.4g} vs {verdict['bound']:.4g} "
+        out_console.print(f"verdict: {word}: {verdict['metric']} {verdict['value']:.4g} vs {verdict['bound']:.4g} "
                           f"({verdict['origin']})", highlight=False)  # fmt: skip
 
 
 def _verdict(report: DivergenceReport, floor: NoiseFloor | None, margin: float, bound: float | None) -> dict[str, Any]:
     """worst.kl_p99 against ``bound`` if given (it wins), else against the bound derived from ``floor``."""
-    worst = max(p.overall.kl_p99 for p in report.phases.values())
-    if bound is not None or floor is None:
-        limit, origin = float(bound or 0.0), "the explicit --bound"
-    else:
-        limit, origin = floor.bound("worst.kl_p99", margin), floor.describe("worst.kl_p99", margin)
-    return {"metric": "worst.kl_p99", "value": worst, "bound": limit, "origin": origin, "fails": worst > limit}
+    from speedtrap.isolate import report_figures
+    from speedtrap.spec import DEFAULT_BOUND, Bound
+
+    explicit = Bound.of(DEFAULT_BOUND.metric, bound, origin="the explicit --bound") if bound is not None else None
+    limit = Bound.resolve(explicit, floor, DEFAULT_BOUND.metric, margin)
+    value = report_figures("divergence", report)[limit.metric]
+    return {"metric": limit.metric, "value": value, "bound": limit.value, "origin": limit.origin,
+            "fails": limit.fails(value)}  # fmt: skip
 
 
 async def _connect(*backends: Backend) -> None:

@@ -13,7 +13,7 @@ import typer
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
-from speedtrap.cli._probe import (
+from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
     JsonOpt,
@@ -24,7 +24,10 @@ from speedtrap.cli._probe import (
     RetriesOpt,
     SeedOpt,
     SetOpt,
+    TargetOpt,
     TimeoutOpt,
+)
+from speedtrap.cli._probe import (
     _connect,
     _floats,
     _http,
@@ -39,6 +42,7 @@ from speedtrap.cli._repeat import store_floor
 
 if TYPE_CHECKING:
     from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
+    from speedtrap.spec import Bound
 
 PROBES = ("divergence", "recall", "all")
 
@@ -56,7 +60,7 @@ def candidate_backend(
         backend = _http(target, model, concurrency, timeout, api, retries)
         asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
         return backend
-    loaded = _load_smol(target, set_)
+    loaded = _load_smol(target, set_, patches)  # user patches (module:function) join the catalogue
     return InProcessBackend(loaded, _patch_names(loaded, patches))
 
 
@@ -64,7 +68,7 @@ def candidate_backend(
 @user_errors
 def record_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="The recording file to write (e.g. baseline.strec).")],
-    target: Annotated[str, typer.Option("--target", "-t", help="smol-moe, or a server's http(s):// URL.")] = "smol-moe",
+    target: TargetOpt = "smol-moe",
     probe: Annotated[str, typer.Option("--probe", help="divergence, recall or all.")] = "divergence",
     patches: PatchesOpt = None,
     lengths: LengthsOpt = None,
@@ -203,7 +207,10 @@ def check_callback(
     against: Annotated[
         Path | None, typer.Option("--against", help="A recording of the trusted build (speedtrap record).")
     ] = None,
-    target: Annotated[str | None, typer.Option("--target", "-t", help="The build to gate: a URL, or smol-moe.")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="The build to gate: a server URL, smol-moe or hf:<model> (--patches)."),
+    ] = None,
     bound: Annotated[
         list[str] | None,
         typer.Option("--bound", help="METRIC<=VALUE or METRIC>=VALUE (repeatable; default worst.kl_p99<=0.1)."),
@@ -242,14 +249,14 @@ def check_callback(
     if probe not in PROBES:
         raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
     from speedtrap.probe import resolve_settings
-    from speedtrap.regress import DEFAULT_BOUNDS, Bound, junit_xml
+    from speedtrap.regress import junit_xml
+    from speedtrap.spec import Bound
 
     recording = load_recording(against)
-    bounds = [Bound.parse(b) for b in (bound or DEFAULT_BOUNDS)]
-    noise = recording.floor
-    if not bound and noise is not None and "divergence" in recording.kinds:
-        bounds = [Bound("worst.kl_p99", "<=", noise.bound("worst.kl_p99"))]
-        err_console.print(f"verdict: {noise.describe('worst.kl_p99')} (stored with the recording)", highlight=False)
+    noise = recording.floor if "divergence" in recording.kinds else None
+    bounds = [Bound.parse(b) for b in bound or []] or [Bound.resolve(None, noise)]  # explicit, else floor, else default
+    if not bound and noise is not None:
+        err_console.print(f"verdict: {bounds[0].origin} (stored with the recording)", highlight=False)
     kinds = recording.kinds if probe == "all" else [probe]
     for kind in kinds:
         resolve_settings(recording, kind, None)
@@ -272,7 +279,9 @@ def check_callback(
     raise typer.Exit(result.exit_code)
 
 
-def _gate(recording: Recording, cand: Backend, kinds: list[str], bounds: list[Any], margin: float, target: str) -> Any:
+def _gate(
+    recording: Recording, cand: Backend, kinds: list[str], bounds: list[Bound], margin: float, target: str
+) -> Any:
     from speedtrap.probe import run_against
     from speedtrap.regress import GateResult, judge_divergence, judge_recall
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import emit_json, err_console, out_console, user_errors
-from speedtrap.cli._probe import (
+from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
     JsonOpt,
@@ -25,15 +25,8 @@ from speedtrap.cli._probe import (
     SetOpt,
     TargetOpt,
     TimeoutOpt,
-    _close,
-    _connect,
-    _http,
-    _ints,
-    _is_url,
-    _load_smol,
-    _patch_names,
-    probe_app,
 )
+from speedtrap.cli._probe import _close, _connect, _http, _ints, _is_url, _load_smol, _patch_names, probe_app
 
 if TYPE_CHECKING:
     from speedtrap.probe import Backend, RepeatReport
@@ -85,7 +78,7 @@ def repeat_cmd(
         backend = _http(target, model, max(concurrency, settings.batch + 1), timeout, api, retries)
         asyncio.run(_connect(backend))
     else:
-        loaded = _load_smol(target, set_)
+        loaded = _load_smol(target, set_, patches)
         backend = InProcessBackend(loaded, _patch_names(loaded, patches))
     try:
         report = run_repeat(backend, settings, progress=True)
@@ -118,6 +111,11 @@ def print_repeat(report: RepeatReport) -> None:
         out_console.print(f"finding: {finding.message}", highlight=False)
     if f.excluded:
         out_console.print(f"the floor leaves out: {', '.join(f.excluded)} (a finding, not noise)", highlight=False)
-    out_console.print(f"derived verdict: fail when worst.kl_p99 > {f.bound():.4g} ({f.describe()})", highlight=False)
+    from speedtrap.spec import Bound
+
+    derived = Bound.from_floor(f)  # the spec's rule: floor + max(margin, floor) on worst.kl_p99
+    out_console.print(
+        f"derived verdict: fail when {derived.metric} > {derived.value:.4g} ({derived.origin})", highlight=False
+    )
     if f.note:
         err_console.print(f"note: {f.note}", highlight=False)

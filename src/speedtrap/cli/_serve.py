@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from speedtrap.cli._app import app, user_errors
+from speedtrap.cli._options import SetOpt
 
 
 @app.command("serve")
@@ -15,10 +16,7 @@ def serve_cmd(
     target: Annotated[str, typer.Option("--target", "-t", help="The in-process target to serve.")] = "smol-moe",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
     host: Annotated[str, typer.Option("--host", help="Listen address (loopback by default).")] = "127.0.0.1",
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="A config override key=value (repeatable), e.g. a config-gated patch's key."),
-    ] = None,
+    set_: SetOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="The model name to serve (default: the target's).")] = None,
     prefix_cache: Annotated[int, typer.Option("--prefix-cache", help="Conversation prefixes kept cached.")] = 8,
     threads: Annotated[int | None, typer.Option("--threads", help="torch intra-op threads (default: torch's).")] = None,

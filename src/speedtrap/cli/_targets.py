@@ -11,10 +11,10 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import JsonOpt
 from speedtrap.patching import names_switched_on, parse_patch_list, select_patches_by_name
-from speedtrap.targets import known_targets, resolve_target
+from speedtrap.targets import known_targets, load_target, resolve_target
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target name (see `speedtrap targets`).")]
 PatchesOpt = Annotated[
     str | None,
@@ -64,7 +64,7 @@ def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = 
     names = parse_patch_list(patches) if patches is not None else names_switched_on(infos, os.environ)
     select_patches_by_name(infos, names)
     with err_console.status("loading smol-moe and its dense reference"):
-        model = resolved.load()
+        model = load_target(resolved)
         result = check_equivalence(model, dense_reference(dense_weights()), names)
     if json:
         emit_json(result.to_json())

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._options import JsonOpt
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 PatchOpt = Annotated[
     list[Path] | None, typer.Option("--patch", help="A unified diff file; repeat for several patches.")
 ]

@@ -10,14 +10,16 @@ from speedtrap._errors import UsageError
 from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec, load_isolate_manifest
 from speedtrap.isolate._run import manifest_for_target
 from speedtrap.isolate._store import stable_hash
-from speedtrap.probe import DEFAULT_MARGIN, NoiseFloor
+from speedtrap.probe import NoiseFloor
+from speedtrap.spec import DEFAULT_BOUND, DEFAULT_MARGIN, Bound
+from speedtrap.targets import parse_overrides
 
 RUNS_DIR = "speedtrap-runs"
 
 # In-process default: teacher-forced divergence (cheap, sees prefill and decode), failing on the
 # worst phase's p99 KL. Measured on smol-moe: see the README's isolate section.
 DEFAULT_PROBE = ProbeSpec(kind="divergence", preset="quick")
-DEFAULT_VERDICT = VerdictSpec(rule="threshold", metric="worst.kl_p99", bound=0.1, direction="above", near=0.25)
+DEFAULT_VERDICT = VerdictSpec.of_bound(DEFAULT_BOUND, near=0.25)  # worst.kl_p99 <= 0.1, as check --against
 RECALL_VERDICT = VerdictSpec(rule="recall_drop", metric="accuracy", direction="below")
 
 
@@ -42,12 +44,7 @@ def build_manifest(
     if manifest is not None:
         spec = load_isolate_manifest(manifest)
     else:
-        overrides = {}
-        for item in sets:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise UsageError(f"--set {item!r} is not key=value", "write e.g. --set routed_scaling_factor=1.5")
-            overrides[key.strip()] = value.strip()
+        overrides = parse_overrides(sets)
         if probe not in (None, "divergence", "recall"):
             raise UsageError(f"--probe {probe!r} is not divergence or recall", "choose --probe divergence")
         probe_spec = dataclasses.replace(DEFAULT_PROBE, kind=probe or "divergence")
@@ -76,9 +73,8 @@ def with_floor(verdict: VerdictSpec, floor: NoiseFloor, margin: float = DEFAULT_
             f"a noise floor bounds a threshold rule failing above, not {verdict.rule}/{verdict.direction}",
             "drop --floor, or use --probe divergence",
         )
-    return dataclasses.replace(
-        verdict, bound=floor.bound(verdict.metric, margin), origin=floor.describe(verdict.metric, margin)
-    )
+    derived = Bound.from_floor(floor, verdict.metric, margin)
+    return dataclasses.replace(verdict, bound=derived.value, origin=derived.origin)
 
 
 def default_run_dir(spec: IsolateManifest) -> Path:

@@ -37,8 +37,8 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
 
     [verdict]
     rule = "threshold"             # threshold | recall_drop
-    metric = "decode.kl_p99"       # a figure the probe reports
-    bound = 0.5
+    metric = "worst.kl_p99"        # a figure the probe reports (the default; see speedtrap.spec.metric)
+    bound = 0.1
     direction = "above"            # fail when the metric is above (or below) the bound
     near = 0.25                    # relative band around the bound that is repeated
     repeats = 2                    # extra trials for a verdict near the threshold
@@ -75,6 +75,7 @@ from speedtrap.isolate._spec import (
     VerdictSpec,
 )
 from speedtrap.isolate._worktree import commit_target_fields, resolve_commit_patches
+from speedtrap.spec import DEFAULT_BOUND, Bound, parse_probe, polarity
 
 __all__ = [
     "IsolateManifest",
@@ -367,6 +368,10 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
     for key in ("api", "model"):
         if key in raw and (target.in_process or kind == "command"):
             raise ManifestError(f"probe.{key} is for the HTTP probes of a server target", f"drop probe.{key}")
+    try:  # the spec's Probe (a union tagged on kind) is the last word on types and keys
+        parse_probe(dict(raw))
+    except UsageError as exc:
+        raise ManifestError(exc.problem, exc.fix) from None
     preset_name = None if preset == "default" else preset
     return ProbeSpec(kind, preset_name, dict(settings), argv, timeout, api, model, reference)
 
@@ -378,11 +383,11 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
         raise ManifestError(f"verdict.rule {rule!r} is not one of {', '.join(RULES)}", 'write rule = "threshold"')
     if rule == "recall_drop" and probe.kind != "recall":
         raise ManifestError('verdict.rule = "recall_drop" needs probe.kind = "recall"', "change one of them")
-    default_metric = {"divergence": "decode.kl_p99", "recall": "accuracy", "command": "metric"}[probe.kind]
+    default_metric = {"divergence": DEFAULT_BOUND.metric, "recall": "accuracy", "command": "metric"}[probe.kind]
     metric = raw.get("metric", default_metric)
     if not isinstance(metric, str) or not metric:
         raise ManifestError("verdict.metric must be a figure name", f'write metric = "{default_metric}"')
-    direction = raw.get("direction", "below" if metric.endswith(("accuracy", "same_top1")) else "above")
+    direction = raw.get("direction", polarity(metric, "above"))  # the registry's; a command's own figure: above
     if direction not in DIRECTIONS:
         raise ManifestError(f"verdict.direction {direction!r} must be above or below", 'write direction = "above"')
     near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
@@ -417,12 +422,12 @@ def _recorded_floor_verdict(
     if direction != "above":
         raise ManifestError("a noise floor bounds a figure that fails above", 'write direction = "above" or a bound')
     try:
-        bound, origin = floor.bound(metric, DEFAULT_MARGIN), floor.describe(metric, DEFAULT_MARGIN)
+        derived = Bound.from_floor(floor, metric, DEFAULT_MARGIN)
     except UsageError as exc:
         raise ManifestError(exc.problem, exc.fix) from None
     return VerdictSpec(
-        rule="threshold", metric=metric, bound=bound, direction=direction, near=near,
+        rule="threshold", metric=metric, bound=derived.value, direction=direction, near=near,
         repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
         margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
-        origin=f"{origin}, stored with {Path(probe.reference).name}",
+        origin=f"{derived.origin}, stored with {Path(probe.reference).name}",
     )  # fmt: skip

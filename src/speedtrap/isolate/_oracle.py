@@ -33,6 +33,7 @@ from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, sta
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
 from speedtrap.isolate._worktree import Worktrees
+from speedtrap.spec import WORST_STATS, metric
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -117,10 +118,10 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
         data = stats.overall.to_json() if hasattr(stats.overall, "to_json") else dataclasses.asdict(stats.overall)
         for key, value in flatten(data).items():
             out[f"{phase}.{key}"] = value
-    for key in ("kl_p99", "kl_mean", "same_top1"):
+    for key in WORST_STATS:  # the worse phase, the way the metric registry says is worse
         values = [v for k, v in out.items() if k.endswith(f".{key}")]
         if values:
-            out[f"worst.{key}"] = min(values) if key == "same_top1" else max(values)
+            out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
     return out
 
 

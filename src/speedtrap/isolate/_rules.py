@@ -1,6 +1,6 @@
 """Verdict rules: from a configuration's figures (pooled over repeats) to pass, fail or near.
 
-- ``threshold``: a figure against a bound (``decode.kl_p99 > 0.5`` fails); within a relative band
+- ``threshold``: a figure against a bound (``worst.kl_p99 > 0.1`` fails); within a relative band
   ``near`` around the bound the call is "near" and the configuration is measured again; the band
   narrows as 1/sqrt(trials) as repeats are pooled (the standard error of their mean).
 - ``recall_drop``: recall below the baseline's with non-overlapping Wilson 95% intervals fails; a
@@ -20,6 +20,7 @@ from speedtrap._errors import ProbeError
 from speedtrap._stats import wilson
 from speedtrap.isolate._manifest import VerdictSpec
 from speedtrap.isolate._results import Outcome
+from speedtrap.spec import Bound
 
 Figures = Mapping[str, float]
 _Z95 = 1.959963984540054
@@ -52,6 +53,11 @@ class ThresholdRule:
     direction: str = "above"  # "above": fails when the figure is above the bound
     near: float = 0.25
     origin: str = ""  # how the bound was chosen, when derived (e.g. from a noise floor)
+
+    @classmethod
+    def of_bound(cls, bound: Bound, near: float = 0.0) -> ThresholdRule:
+        """The rule judging one ``Bound`` (no band unless ``near``)."""
+        return cls(bound.metric, bound.value, bound.direction, near, bound.origin)
 
     def band(self, repeats: int = 1) -> tuple[float, float]:
         """The "near" band around the bound; it narrows as 1/sqrt(repeats), like the error of a mean."""

@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._redact import redact_argv, redact_env
-from speedtrap.patching import Gate, GateKind
+from speedtrap.spec import RULES as RULES
+from speedtrap.spec import Gate, GateKind, Verdict
 
 EXECUTORS = ("local", "ray")
 PROBE_KINDS = ("divergence", "recall", "command")
 PROBE_APIS = ("openai", "vllm", "sglang")  # the prompt-logprob dialect of probe.HttpBackend
-RULES = ("threshold", "recall_drop")
-DIRECTIONS = ("above", "below")
+DIRECTIONS = ("above", "below")  # the spec's polarities
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
 REFERENCE_MODES = ("recorded", "live")
+VerdictSpec = Verdict  # the verdict is the spec's; isolate's historical name for it
 
 
 @dataclass(frozen=True)
@@ -159,40 +160,12 @@ class ProbeSpec:
 
 
 @dataclass(frozen=True)
-class VerdictSpec:
-    """When a configuration fails: a figure against a bound, or a recall drop with Wilson intervals."""
-
-    rule: str = "threshold"
-    metric: str = "decode.kl_p99"
-    bound: float = 0.5
-    direction: str = "above"
-    near: float = 0.25
-    repeats: int = 2
-    margin: float = 0.0  # recall_drop: extra drop (absolute) needed on top of non-overlapping intervals
-    origin: str = ""  # how the bound was chosen when not given (e.g. derived from a noise floor)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rule": self.rule,
-            "metric": self.metric,
-            "bound": self.bound,
-            "direction": self.direction,
-            "near": self.near,
-            "repeats": self.repeats,
-            "margin": self.margin,
-        }
-        if self.origin:
-            out["origin"] = self.origin
-        return out
-
-
-@dataclass(frozen=True)
 class IsolateManifest:
     path: Path | None
     target: TargetSpec
     patches: tuple[PatchSpec, ...]
     probe: ProbeSpec = ProbeSpec()
-    verdict: VerdictSpec = VerdictSpec()
+    verdict: VerdictSpec = field(default_factory=VerdictSpec)
     prior: tuple[str, ...] = ()
     parallel: int = 1  # trials at once (servers on threads, or Ray workers; Ray's default: what fits)
     executor: str = "local"  # local | ray

@@ -20,10 +20,11 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap.probe._stats import KLStats
+from speedtrap.spec import DEFAULT_MARGIN as DEFAULT_MARGIN
+from speedtrap.spec import metric, metric_names
 
 GZIP_MAGIC = b"\x1f\x8b"  # a recording (gzip JSON records), not a floor file
-DEFAULT_MARGIN = 0.1  # nats: the fixed default bound (worst phase's p99 KL) the floor replaces
-KL_FIGURES = ("kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max")
+KL_FIGURES = tuple(m.stat for m in map(metric, metric_names()) if m.unit == "nats" and m.phase == "decode")
 
 
 @dataclass(frozen=True)

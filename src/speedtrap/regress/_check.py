@@ -7,7 +7,6 @@ the figure, its value and the bound), 2 bad input or infrastructure (raised as o
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,37 +15,10 @@ from xml.etree import ElementTree as ET
 from speedtrap._errors import UsageError
 from speedtrap._redact import redact_url
 from speedtrap.isolate import Outcome, RecallDropRule, ThresholdRule, report_figures
+from speedtrap.spec import DEFAULT_BOUND
+from speedtrap.spec import Bound as Bound
 
-DEFAULT_BOUNDS = ("worst.kl_p99<=0.1",)  # divergence: the worst phase's p99 KL, as isolate's default oracle
-_BOUND = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(<=|>=)\s*([-+0-9.eE]+|inf)\s*$")
-
-
-@dataclass(frozen=True)
-class Bound:
-    """``metric<=value`` (fails above) or ``metric>=value`` (fails below), on a divergence or recall figure."""
-
-    metric: str
-    op: str
-    value: float
-
-    @classmethod
-    def parse(cls, text: str) -> Bound:
-        m = _BOUND.match(text)
-        if not m:
-            raise UsageError(
-                f"--bound {text!r} is not METRIC<=VALUE or METRIC>=VALUE", "pass e.g. --bound worst.kl_p99<=0.1"
-            )
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            raise UsageError(f"--bound {text!r}: {m.group(3)!r} is not a number", "pass a number") from None
-        return cls(m.group(1), m.group(2), value)
-
-    def rule(self) -> ThresholdRule:
-        return ThresholdRule(self.metric, self.value, "above" if self.op == "<=" else "below", 0.0)
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
+DEFAULT_BOUNDS = (str(DEFAULT_BOUND),)  # divergence: the worst phase's p99 KL, as isolate's default verdict
 
 
 @dataclass(frozen=True)
@@ -109,9 +81,9 @@ def judge_divergence(report: Any, bounds: Sequence[Bound]) -> list[Check]:
                 f"use one of: {', '.join(sorted(figures))}",
             )
         value = figures[bound.metric]
-        rule = bound.rule()
+        rule = ThresholdRule.of_bound(bound)
         passed = rule.judge(rule.pool([figures]), None) is Outcome.PASS
-        bad = ">" if bound.op == "<=" else "<"
+        bad = ">" if bound.direction == "above" else "<"
         message = (
             f"{bound.metric} = {value:.6g} within {bound}"
             if passed

@@ -37,7 +37,7 @@ def bisect_manifest(
     if failed.limit is not None:
         limit = failed.limit
         probe = ProbeSpec("divergence", None, recording.divergence.to_json(), reference=str(recording.path))
-        verdict = VerdictSpec("threshold", limit.metric, limit.value, "above" if limit.op == "<=" else "below", 0.0, 0)
+        verdict = VerdictSpec.of_bound(limit, near=0.0, repeats=0)
     else:
         probe = ProbeSpec("recall", None, recording.recall.to_json())
         verdict = VerdictSpec("recall_drop", "accuracy", 0.0, "below", 0.25, manifest.verdict.repeats)

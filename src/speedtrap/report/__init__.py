@@ -23,8 +23,8 @@ from speedtrap.report._model import (
     DivergenceRun,
     KLSummary,
     RecallRun,
+    ReportVerdict,
     TriageSection,
-    Verdict,
 )
 from speedtrap.report._plan import draw_all
 from speedtrap.report._stages import IsolationSection, LayerSection, Localization, ScaleSection
@@ -44,6 +44,7 @@ __all__ = [
     "RecallRun",
     "ReportData",
     "ReportPaths",
+    "ReportVerdict",
     "RunInfo",
     "RunRecord",
     "ScaleSection",
@@ -51,7 +52,6 @@ __all__ = [
     "StageInfo",
     "StageRecord",
     "TriageSection",
-    "Verdict",
     "commands",
     "load_part",
     "load_report_data",

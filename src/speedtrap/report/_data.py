@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from speedtrap.report._model import KIND, SCHEMA_VERSION, DivergenceRun, RecallRun, TriageSection, Verdict, _f
+from speedtrap.report._model import KIND, SCHEMA_VERSION, DivergenceRun, RecallRun, ReportVerdict, TriageSection, _f
 from speedtrap.report._stages import IsolationSection, Localization
 
 
@@ -105,7 +105,7 @@ class FigureRef:
 @dataclass(frozen=True)
 class ReportData:
     run: RunInfo
-    verdict: Verdict
+    verdict: ReportVerdict
     triage: TriageSection | None = None
     recall: tuple[RecallRun, ...] = ()
     divergence: tuple[DivergenceRun, ...] = ()
@@ -141,7 +141,7 @@ class ReportData:
         triage, isolation = d.get("triage"), d.get("isolation")
         return cls(
             run=RunInfo.from_json(d["run"]),
-            verdict=Verdict.from_json(d["verdict"]),
+            verdict=ReportVerdict.from_json(d["verdict"]),
             triage=TriageSection.from_json(triage) if triage else None,
             recall=tuple(RecallRun.from_json(r) for r in d.get("recall", [])),
             divergence=tuple(DivergenceRun.from_json(x) for x in d.get("divergence", [])),

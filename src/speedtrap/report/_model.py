@@ -51,7 +51,7 @@ class InteractionNote:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ReportVerdict:
     """The answer first: who is to blame and the chain of evidence that says so."""
 
     status: str  # culprit | no_regression | baseline_fails | inconclusive | unknown
@@ -70,7 +70,7 @@ class Verdict:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Verdict:
+    def from_json(cls, d: dict[str, Any]) -> ReportVerdict:
         return cls(
             str(d["status"]),
             str(d["headline"]),

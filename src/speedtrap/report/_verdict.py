@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from speedtrap._shapes import CulpritSet
 from speedtrap.report._bylength import length_patterns
-from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, TriageSection, Verdict
+from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, ReportVerdict, TriageSection
 from speedtrap.report._stages import IsolationSection, Localization
 from speedtrap.report._tables import fmt, patches_label
 
@@ -145,7 +145,7 @@ def build_verdict(
     divergence: Sequence[DivergenceRun],
     isolation: IsolationSection | None,
     localization: Sequence[Localization],
-) -> Verdict:
+) -> ReportVerdict:
     culprits = isolation.culprits if isolation is not None else ()
     interactions: tuple[InteractionNote, ...] = isolation.interactions if isolation is not None else ()
     status, headline = _headline(isolation, culprits)
@@ -162,4 +162,4 @@ def build_verdict(
         evidence.append(_isolation_sentence(isolation))
     for loc in localization:
         evidence += [s for s in (_layers_sentence(loc), _scale_sentence(loc)) if s]
-    return Verdict(status, headline, tuple(culprits), interactions, tuple(evidence))
+    return ReportVerdict(status, headline, tuple(culprits), interactions, tuple(evidence))

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from speedtrap._errors import UsageError
-from speedtrap.patching import names_switched_on
-from speedtrap.targets import InProcessModel, load_target
-
-
-def parse_overrides(items: Sequence[str]) -> dict[str, str]:
-    """``["key=value", ...]`` -> ``{"key": "value"}``; a malformed item is a one-line error."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set expects key=value, got {item!r}", "pass e.g. --set routed_scaling_factor=1.5")
-        out[key.strip()] = value.strip()
-    return out
+from speedtrap.targets import InProcessModel, load_target, patches_switched_on
+from speedtrap.targets import parse_overrides as parse_overrides  # serve's --set is the targets' one
 
 
 def load_for_serving(
@@ -27,8 +16,7 @@ def load_for_serving(
 ) -> InProcessModel:
     """The target loaded with its config overrides and the patches whose gates are on, as a server would."""
     model = load_target(target, overrides)
-    env = os.environ if environ is None else environ
-    model.set_patches(names_switched_on(model.patch_infos(), env, model.config))
+    model.set_patches(patches_switched_on(model, environ))
     return model
 
 

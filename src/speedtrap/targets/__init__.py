@@ -12,9 +12,11 @@ load), and loads the model with them in its catalogue beside the target's own pa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from speedtrap._errors import UsageError
+from speedtrap.patching import names_switched_on
 from speedtrap.targets._base import CausalLM, InProcessModel, Target
 from speedtrap.targets._userpatch import UserPatch, is_entry_point, load_user_patch
 
@@ -27,6 +29,8 @@ __all__ = [
     "known_targets",
     "load_target",
     "load_user_patch",
+    "parse_overrides",
+    "patches_switched_on",
     "resolve_target",
     "user_patches",
 ]
@@ -71,3 +75,19 @@ def load_target(
     target = resolve_target(spec) if isinstance(spec, str) else spec
     extra = user_patches(patches)
     return target.load(dict(overrides) if overrides else None, extra)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """``--set`` / ``target.overrides``: ``["key=value", ...]`` -> ``{"key": "value"}``; a bad item is one line."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects key=value, got {item!r}", "pass e.g. --set routed_scaling_factor=1.5")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def patches_switched_on(model: InProcessModel, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The patches a command turns on when none are named: those whose env var or config key is on."""
+    return names_switched_on(model.patch_infos(), os.environ if environ is None else environ, model.config)
