@@ -35,8 +35,21 @@ KERNEL_RECIPE = "sgl-kernel-cpu 0.4.5 (modal-projects/sglang 8905cbd4)"
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements-cpu.txt"
-KERNEL_SOURCES = Path(os.environ.get("SPEEDTRAP_SGL_KERNEL_SRC", "/work/shared/third_party/sgl-kernel-cpu"))
 MODEL = ROOT / ".sglang-model"
+
+
+def _kernel_sources() -> Path:
+    """The vendored sgl-kernel CPU sources: ``$SPEEDTRAP_SGL_KERNEL_SRC``, else ``shared/`` beside the clone (as
+    CI lays it), else the developers' ``/work/shared``."""
+    if "SPEEDTRAP_SGL_KERNEL_SRC" in os.environ:
+        return Path(os.environ["SPEEDTRAP_SGL_KERNEL_SRC"])
+    for shared in (ROOT.parent / "shared", Path("/work/shared")):
+        if (shared / "third_party" / "sgl-kernel-cpu" / "CMakeLists.txt").exists():
+            return shared / "third_party" / "sgl-kernel-cpu"
+    fix = "set SPEEDTRAP_SGL_KERNEL_SRC to shared/third_party/sgl-kernel-cpu"
+    raise RuntimeError(f"sgl-kernel's CPU sources not found (fix: {fix})")
+
+
 # A made-up secret in the test server's environment: inspect must show the name and hide the value.
 SECRET = ("HF_TOKEN", "hf_speedtrapRedactionCheck0123456789")
 START_TIMEOUT = 900.0  # 80-85 s from launch to ready on 2 idle cores; the tests share them with other work
@@ -104,15 +117,27 @@ def fix_torchvision(python: Path) -> None:
     meta.write_text(text)
 
 
+def _ensure_libnuma(log: Path) -> None:
+    """Debian's ``libnuma-dev`` (sgl-kernel's CPU build links libnuma), installed with apt-get if absent."""
+    if Path("/usr/include/numa.h").exists():
+        return
+    if not shutil.which("apt-get"):
+        raise RuntimeError("sgl-kernel's CPU build needs libnuma's headers (fix: install libnuma-dev)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-q"], log, env=env)
+    _run(["apt-get", "install", "-y", "-q", "libnuma-dev"], log, env=env)
+
+
 def _build_kernel(folder: Path, log: Path) -> None:
     """sgl_kernel's CPU wheel for this CPU, built in a venv of its own (torch and scikit-build-core only)."""
+    _ensure_libnuma(log)
     venv = folder / "build-venv"
     _run([sys.executable, "-m", "venv", str(venv)], log)
     python = venv / "bin" / "python"
     _pip(python, f"torch=={TORCH_VERSION}", "scikit-build-core>=0.10", "wheel", log=log)
     with tempfile.TemporaryDirectory(prefix="sgl-kernel-") as tmp:
         src = Path(tmp) / "sgl-kernel-cpu"
-        shutil.copytree(KERNEL_SOURCES, src)
+        shutil.copytree(_kernel_sources(), src)
         shutil.copy(src / "pyproject_cpu.toml", src / "pyproject.toml")
         cmake = src / "csrc" / "cpu" / "CMakeLists.txt"
         cmake.chmod(0o644)
