@@ -21,16 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _toml_text import toml_text
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import TINY_PROBE, TINY_SERVER, toml_text
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap.isolate import Status, isolate, load_isolate_manifest
 from speedtrap.isolate._oracle import ServerOracle
 from speedtrap.isolate._roles import _placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_SERVER = Path(__file__).with_name("tiny_server.py")
+TINY_PROBE = Path(__file__).with_name("tiny_probe.py")
 PROXY = ROOT / "examples" / "vllm-pd" / "proxy.py"
 
 

@@ -10,6 +10,7 @@ manifest has no [verdict]: the failed bound is the hunt's rule. The culprit is c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,12 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _toml_text import toml_text
 
-from conftest import toml_text
 from speedtrap.isolate import ServerOracle, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, HttpBackend, record
 
 ROOT = Path(__file__).resolve().parents[2]
+MARKER = "SPEEDTRAP_TEST_STACK"  # set by the test, inherited by every role it launches: the watcher's filter
 PROXY = ROOT / "examples" / "vllm-pd" / "proxy.py"
 SERVE = [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", "{port}", "--threads", "1"]
 SETTINGS = DivergenceSettings(lengths=(64,), sequences=1, decode_tokens=8, bucket_size=64)
@@ -55,6 +57,7 @@ class Watcher:
 
     def __init__(self) -> None:
         self.most = 0
+        self.marker = f"{MARKER}={os.environ.get(MARKER, '')}".encode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -67,9 +70,19 @@ class Watcher:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"speedtrap" in argv and b"serve" in argv and b"smol-moe" in argv:
+            if b"speedtrap" in argv and b"serve" in argv and b"smol-moe" in argv and self._ours(proc):
                 n += 1
         return n
+
+    def _ours(self, proc: Path) -> bool:
+        """Launched by this test (the marker it puts in its environment), not another session's server; the
+        launch guard (whose argv holds the server's) is not a server."""
+        try:
+            if any(a.endswith(b"_guard.py") for a in (proc / "cmdline").read_bytes().split(b"\0")):
+                return False
+            return self.marker in (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -86,7 +99,10 @@ class Watcher:
 
 
 @pytest.mark.slow
-def test_check_launches_the_stack_itself_stops_it_and_hunts_with_the_failed_bound(tmp_path: Path) -> None:
+def test_check_launches_the_stack_itself_stops_it_and_hunts_with_the_failed_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MARKER, tmp_path.name + str(os.getpid()))
     path = serve_stack(tmp_path)
     text = path.read_text()
     assert "[verdict]" not in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import vllm_stack
 
 ROOT = Path(__file__).resolve().parents[2]
+MARKER = "SPEEDTRAP_TEST_STACK"  # set by the test, inherited by every role it launches: the watcher's filter
 EXAMPLE = ROOT / "examples" / "vllm-pd" / "speedtrap.toml"
 CULPRIT = "prefill_mlp_scale@prefill"
 
@@ -36,11 +38,11 @@ class ApiServers:
 
     def __init__(self) -> None:
         self.most = 0
+        self.marker = f"{MARKER}={os.environ.get(MARKER, '')}".encode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def count() -> int:
+    def count(self) -> int:
         n = 0
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
@@ -48,8 +50,18 @@ class ApiServers:
                     argv = (proc / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                n += b"vllm.entrypoints.openai.api_server" in argv
+                n += b"vllm.entrypoints.openai.api_server" in argv and self._ours(proc)
         return n
+
+    def _ours(self, proc: Path) -> bool:
+        """Launched by this test (the marker it puts in its environment), not another session's server; the
+        launch guard (whose argv holds the server's) is not a server."""
+        try:
+            if any(a.endswith(b"_guard.py") for a in (proc / "cmdline").read_bytes().split(b"\0")):
+                return False
+            return self.marker in (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -66,9 +78,12 @@ class ApiServers:
 
 
 @pytest.mark.slow
-def test_bisect_names_the_prefill_half_agrees_with_brute_force_one_stack_at_a_time(tmp_path: Path) -> None:
+def test_bisect_names_the_prefill_half_agrees_with_brute_force_one_stack_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MARKER, tmp_path.name + str(os.getpid()))
     vllm_stack.ensure_stack()  # the venv (minutes, once per machine), the plugin, the model
-    assert ApiServers.count() == 0, "a vLLM server is already running: the watcher would count it"
+    assert ApiServers().count() == 0, "a vLLM server is already running: the watcher would count it"
     manifest = load_isolate_manifest(EXAMPLE)
     names = [p.name for p in manifest.patches]
     assert names == [CULPRIT, "prefill_mlp_scale@decode", "decode_chunked_256", "silu_native"]

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate import IsolateManifest, ServerOracle, load_isolate_manifest
+from speedtrap.isolate import IsolateManifest, ServerOracle
 
 
 def build_config(manifest: IsolateManifest, named: str | None) -> tuple[str, ...]:
@@ -35,7 +35,9 @@ def build_config(manifest: IsolateManifest, named: str | None) -> tuple[str, ...
 
 def launch_build(manifest_path: Path, named: str | None, log_dir: Path) -> tuple[Any, str, IsolateManifest]:
     """Start the manifest's build (a stack of roles or one server) in the configuration to check."""
-    manifest = load_isolate_manifest(manifest_path)
+    from speedtrap.regress._hunt import manifest_without_rule
+
+    manifest = manifest_without_rule(manifest_path)  # the recording is the probe, the bounds the rule
     if manifest.target.in_process:
         raise UsageError(
             "check without --target launches the manifest's build, but its target is in-process",

@@ -9,12 +9,23 @@ from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import UsageError
 from speedtrap._toml import read_manifest_toml
-from speedtrap.isolate import IsolateResult, ProbeSpec, VerdictSpec, isolate, parse_manifest
+from speedtrap.isolate import IsolateManifest, IsolateResult, ProbeSpec, VerdictSpec, isolate, parse_manifest
 from speedtrap.progress import Progress
 from speedtrap.regress._check import Check
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
+
+
+def manifest_without_rule(manifest_path: Path) -> IsolateManifest:
+    """The manifest with its probe and verdict set aside (the gate supplies both, from the recording and the
+    failed bound), so a manifest without ``verdict.bound`` launches and hunts too; ``verdict.repeats`` kept."""
+    data = dict(read_manifest_toml(Path(manifest_path)))
+    written = data.get("verdict")
+    repeats = written.get("repeats", 2) if isinstance(written, dict) else 2
+    data["verdict"] = {"metric": "failed-bound", "bound": 0.0, "repeats": repeats}
+    data["probe"] = {k: v for k, v in dict(data.get("probe") or {}).items() if k in ("api", "model")}
+    return parse_manifest(data, Path(manifest_path).parent, Path(manifest_path))
 
 
 def bisect_manifest(
@@ -34,14 +45,7 @@ def bisect_manifest(
     failed = next((c for c in failures if c.probe == "divergence"), None) or (failures[0] if failures else None)
     if failed is None:
         raise UsageError("nothing failed, nothing to bisect", "drop --bisect-on-fail")
-    # The failed bound is the hunt's rule whatever [verdict] says (or lacks): the manifest's own verdict is
-    # replaced before it is read, so a manifest without verdict.bound hunts too.
-    data = dict(read_manifest_toml(Path(manifest_path)))
-    written = data.get("verdict") if isinstance(data.get("verdict"), dict) else {}
-    repeats = written.get("repeats", 2) if isinstance(written, dict) else 2
-    data["verdict"] = {"metric": "failed-bound", "bound": 0.0, "repeats": repeats}
-    data["probe"] = {k: v for k, v in dict(data.get("probe") or {}).items() if k in ("api", "model")}
-    manifest = parse_manifest(data, Path(manifest_path).parent, Path(manifest_path))
+    manifest = manifest_without_rule(manifest_path)
     if failed.limit is not None:
         limit = failed.limit
         probe = ProbeSpec("divergence", None, recording.divergence.to_json(), reference=str(recording.path))
