@@ -33,6 +33,7 @@ from speedtrap.isolate._manifest import (
     TargetSpec,
     VerdictSpec,
     load_isolate_manifest,
+    manifest_stack,
     parse_manifest,
     parse_patches,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "load_isolate_manifest",
     "make_executor",
     "manifest_for_target",
+    "manifest_stack",
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",

@@ -85,6 +85,7 @@ __all__ = [
     "VerdictSpec",
     "check_relations",
     "load_isolate_manifest",
+    "manifest_stack",
     "parse_manifest",
     "parse_patches",
 ]
@@ -176,6 +177,12 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     return IsolateManifest(
         path, target, patches, probe, verdict, tuple(prior), parallel, executor, address, tuple(resources)
     )
+
+
+def manifest_stack(data: Mapping[str, Any], path: Path | None) -> StackSpec | None:
+    """The stack of roles a parsed manifest declares (``target.roles``), or None: triage reads patches with it."""
+    target = data.get("target")
+    return parse_stack(target, path) if isinstance(target, dict) and "roles" in target else None
 
 
 def _target(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> TargetSpec:
