@@ -242,6 +242,7 @@ def test_a_role_dying_mid_trial_fails_the_trial_naming_it(tmp_path: Path) -> Non
     assert result.status is Status.ERROR
     errors = [t.error for t in result.trials if t.error]
     assert errors and all("role 'decode'" in str(e) for e in errors), errors
+    assert all(str(t.log_path).endswith(".decode.log") for t in result.trials if t.error)  # the role's own log
 
 
 def test_healthy_roles_whose_first_request_fails_end_the_trial_as_an_error(tmp_path: Path) -> None:

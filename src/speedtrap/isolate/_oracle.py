@@ -387,7 +387,10 @@ class ServerOracle:
         try:
             server, launch_s = self._start(request.config, log)
         except ServerError as exc:
-            raise _with_log(exc, log) from None
+            stack_log = exc.log if self.target.stack is not None and exc.log is not None else None
+            raise _with_log(exc, stack_log or log) from None  # a stack's error names its role's log
+        if self.target.stack is not None:
+            log = server.log_path  # the entry role's log (each role has its own: trial-N.ROLE.log)
         with server:
             t1 = time.perf_counter()
             try:
@@ -395,7 +398,7 @@ class ServerOracle:
             except Exception as exc:
                 died = server.died()
                 if died is not None:
-                    raise _with_log(died, log) from None
+                    raise _with_log(died, died.log or log) from None
                 if isinstance(exc, (ProbeError, ServerError)):
                     raise _with_log(exc, log) from None
                 if isinstance(exc, (httpx.HTTPError, OSError)):
