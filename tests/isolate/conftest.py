@@ -10,35 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _toml_text import toml_text  # one writer of test manifests, shared with test modules
 
 HERE = Path(__file__).parent
 TINY_SERVER = HERE / "tiny_server.py"
 TINY_PROBE = HERE / "tiny_probe.py"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
-
-
-def toml_text(tables: dict[str, dict[str, Any]], patches: Sequence[dict[str, Any]]) -> str:
-    lines: list[str] = []
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
-        lines.append("")
-    for p in patches:
-        lines.append("[[patches]]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in p.items())
-        lines.append("")
-    return "\n".join(lines)
 
 
 TinyManifest = Callable[..., Path]

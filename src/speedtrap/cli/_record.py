@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from speedtrap._errors import UsageError
+from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
 from speedtrap.cli._options import (
     ApiOpt,
@@ -227,6 +228,14 @@ def check_callback(
         bool, typer.Option("--bisect-on-fail", help="On a regression, find the culprit patches (needs --manifest).")
     ] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="--bisect-on-fail: where trials are kept.")] = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="No --target: the patches the launched build has on (default: every one)."),
+    ] = None,
+    stop_command: Annotated[
+        str | None,
+        typer.Option("--stop-command", help="A URL --target with --bisect-on-fail: stops it before the hunt."),
+    ] = None,
     patches: PatchesOpt = None,
     set_: SetOpt = None,
     model: ModelOpt = "",
@@ -238,14 +247,31 @@ def check_callback(
 ) -> None:
     """Gate a build against a recording: exit 0 within bounds, 1 on a regression, 2 on bad input or errors.
 
-    Subcommands: ``check equivalence`` and ``check scale``.
+    Without --target, the build is launched from --manifest (a stack of roles or one server), checked,
+    and stopped before any hunt: one stack alive at a time. Subcommands: ``check equivalence`` and
+    ``check scale``.
     """
     if ctx.invoked_subcommand is not None:
         return
-    if against is None or target is None:
-        raise UsageError("speedtrap check needs --against FILE and --target T (or a subcommand)", "see --help")
+    if against is None or (target is None and manifest is None):
+        raise UsageError(
+            "speedtrap check needs --against FILE and --target T, or --manifest F to launch the build "
+            "(or a subcommand)",
+            "see --help",
+        )
     if bisect_on_fail and manifest is None:
         raise UsageError("--bisect-on-fail needs --manifest FILE", "pass the stack's speedtrap.toml")
+    if config is not None and target is not None:
+        raise UsageError("--config names the build check launches from --manifest", "drop --target, or --config")
+    if stop_command is not None and (target is None or not _is_url(target)):
+        raise UsageError("--stop-command stops a --target URL before the hunt", "drop --stop-command")
+    if bisect_on_fail and target is not None and _is_url(target) and stop_command is None:
+        raise UsageError(
+            "--bisect-on-fail with a --target URL would launch every trial while the checked build still runs "
+            "(two stacks at once)",
+            "drop --target so check launches the build from --manifest and stops it before the hunt, "
+            "or pass --stop-command 'CMD' that stops it",
+        )
     if probe not in PROBES:
         raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
     from speedtrap.probe import resolve_settings
@@ -260,22 +286,45 @@ def check_callback(
     kinds = recording.kinds if probe == "all" else [probe]
     for kind in kinds:
         resolve_settings(recording, kind, None)
-    cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
-    result = _gate(recording, cand, kinds, bounds, margin, target)
+    launched = None
+    if target is None:
+        from speedtrap.regress import launch_build
+
+        assert manifest is not None
+        folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="speedtrap-check-"))
+        launched, target, loaded_manifest = launch_build(manifest, config, folder / "build")
+        model = model or loaded_manifest.probe.model or loaded_manifest.target.served_model or ""
+        api = loaded_manifest.probe.api if api == "openai" else api
+    try:
+        cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
+        result = _gate(recording, cand, kinds, bounds, margin, target)
+    finally:
+        if launched is not None:
+            launched.stop()  # before any hunt: one stack alive at a time
+    if not result.passed and bisect_on_fail and stop_command is not None:
+        from speedtrap.regress import stop_url
+
+        stop_url(stop_command, target)
     if junit is not None:
         try:
             junit.parent.mkdir(parents=True, exist_ok=True)
             junit.write_text(junit_xml(result), encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot write --junit {str(junit)!r}: {exc.strerror}", "pass a writable path") from None
-    hunt = None
+    hunt, hunt_error = None, None
     if not result.passed and bisect_on_fail:
         assert manifest is not None
-        hunt = _hunt(manifest, recording, result, run_dir, getattr(cand, "model", None))
+        try:
+            hunt = _hunt(manifest, recording, result, run_dir, getattr(cand, "model", None))
+        except SpeedtrapError as exc:  # the regression stands (exit 1); the hunt's error is said beside it
+            hunt_error = exc.one_line()
     if json:
-        emit_json({**result.to_json(), "bisect": hunt.to_json() if hunt is not None else None})
+        doc = {**result.to_json(), "bisect": hunt.to_json() if hunt is not None else None}
+        emit_json({**doc, "bisect_error": hunt_error} if hunt_error is not None else doc)
     else:
         _print_gate(result, hunt)
+        if hunt_error is not None:
+            err_console.print(f"the hunt after the regression failed: {hunt_error}", highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
 
 

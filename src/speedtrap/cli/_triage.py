@@ -165,7 +165,9 @@ def _print_sites(trace: object, warn: bool = True) -> None:
 @app.command("inspect")
 @user_errors
 def inspect_cmd(
-    pid: Annotated[int, typer.Option("--pid", help="The server's process id.")],
+    pid: Annotated[
+        int | None, typer.Option("--pid", help="The server's process id (left out with --manifest: every role).")
+    ] = None,
     manifest: ManifestOpt = None,
     target: TargetOpt = None,
     ssh: Annotated[str | None, typer.Option("--ssh", help="Read /proc on this host through the ssh client.")] = None,
@@ -176,6 +178,11 @@ def inspect_cmd(
 
     if manifest is not None and target is not None:
         raise UsageError("choose --manifest or --target, not both", "pass one of them")
+    if pid is None:
+        if manifest is None:
+            raise UsageError("inspect needs --pid, or --manifest of a stack of roles", "pass --pid PID")
+        _inspect_stack(manifest, json)
+        return
     patches = (
         from_manifest(manifest, None).patches if manifest is not None else target_patch_inputs(target or "smol-moe")[0]
     )
@@ -199,3 +206,22 @@ def inspect_cmd(
         )
     if report.redacted:
         out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False, markup=False)
+
+
+def _inspect_stack(manifest: Path, as_json: bool) -> None:
+    from speedtrap.triage import inspect_stack
+
+    report = inspect_stack(manifest)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    for role in report.roles:
+        pids = ", ".join(f"{p.pid} {p.name}" for p in role.processes) or "none (the role is not running)"
+        out_console.print(f"role {role.role} (port {role.port}; log {role.log}): {pids}", highlight=False, markup=False)
+        table = Table("patch", "gate", "state", "evidence", title=f"role {role.role}: gates from {role.gates_from}")
+        for g in role.gates:
+            table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
+        out_console.print(table)
+        for p in role.unreadable:
+            line = f"  pid {p.pid} ({p.name}): environment unreadable: {p.evidence}"
+            out_console.print(line, highlight=False, markup=False, soft_wrap=True)

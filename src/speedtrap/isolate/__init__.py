@@ -33,6 +33,7 @@ from speedtrap.isolate._manifest import (
     TargetSpec,
     VerdictSpec,
     load_isolate_manifest,
+    manifest_stack,
     parse_manifest,
     parse_patches,
 )
@@ -52,6 +53,7 @@ from speedtrap.isolate._results import (
     Trial,
     Verdict,
 )
+from speedtrap.isolate._roles import RoleSpec, Stack, StackSpec, read_records
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
 from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
 from speedtrap.isolate._search import Search, SearchProgress
@@ -93,11 +95,14 @@ __all__ = [
     "RayExecutor",
     "RecallDropRule",
     "Relations",
+    "RoleSpec",
     "Rule",
     "Search",
     "SearchProgress",
     "Server",
     "ServerOracle",
+    "Stack",
+    "StackSpec",
     "Status",
     "TargetSpec",
     "ThreadExecutor",
@@ -121,10 +126,12 @@ __all__ = [
     "load_isolate_manifest",
     "make_executor",
     "manifest_for_target",
+    "manifest_stack",
     "minimal_transversals",
     "oracle_recipe",
     "parse_manifest",
     "parse_patches",
+    "read_records",
     "report_figures",
     "resolve_commits_in",
     "rule_from_spec",

@@ -60,6 +60,7 @@ from typing import Any
 from speedtrap._errors import ManifestError, UsageError
 from speedtrap._toml import read_manifest_toml
 from speedtrap.isolate._fields import integer, no_unknown, number, resolve, str_list, str_table, table
+from speedtrap.isolate._roles import STACK_KEYS, StackSpec, agree_conflict, parse_stack, patch_roles
 from speedtrap.isolate._spec import (
     DEFAULT_HEALTH,
     DIRECTIONS,
@@ -85,6 +86,7 @@ __all__ = [
     "VerdictSpec",
     "check_relations",
     "load_isolate_manifest",
+    "manifest_stack",
     "parse_manifest",
     "parse_patches",
 ]
@@ -105,6 +107,7 @@ _TARGET_KEYS = {
     "repo",
     "base",
     "pythonpath",
+    *STACK_KEYS,
 }
 # kind / scope / phases are facts a patch's author may declare for triage; isolate ignores them.
 _PATCH_KEYS = {
@@ -121,6 +124,8 @@ _PATCH_KEYS = {
     "scope",
     "phases",
     "commit",
+    "roles",
+    "split",
 }
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference", "api", "model"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
@@ -144,8 +149,8 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     Other top-level tables (another tool's sections, triage's ``tree``) are left alone; inside the
     tables isolate reads, an unknown key is an error (a typo must not silently change a search).
     """
-    target = _target(table(data, "target", required=True), base)
-    patches = parse_patches(data.get("patches"), base, required=not target.in_process)
+    target = _target(table(data, "target", required=True), base, path)
+    patches = parse_patches(data.get("patches"), base, required=not target.in_process, stack=target.stack)
     target, patches = resolve_commit_patches(target, patches)
     probe = _probe(table(data, "probe"), target, base)
     verdict = _verdict(table(data, "verdict"), probe)
@@ -175,8 +180,25 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
     )
 
 
-def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
+def manifest_stack(data: Mapping[str, Any], path: Path | None) -> StackSpec | None:
+    """The stack of roles a parsed manifest declares (``target.roles``), or None: triage reads patches with it."""
+    target = data.get("target")
+    return parse_stack(target, path) if isinstance(target, dict) and "roles" in target else None
+
+
+def _target(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> TargetSpec:
     no_unknown(raw, _TARGET_KEYS, "target.", "target")
+    stack = parse_stack(raw, path)
+    if stack is not None:  # the entry role's launch and health stand for the target's
+        if "name" in raw:
+            raise ManifestError("target has both name and roles", "drop target.name: a stack of roles is launched")
+        if "health" in raw:
+            raise ManifestError("target.health is per role in a stack", "write health in each [target.roles.NAME]")
+        raw = {**raw, "launch": list(stack.entry.launch), "health": stack.entry.health}
+        if any("{model}" in a for r in stack.roles for a in r.launch) and raw.get("model") is None:
+            raise ManifestError(
+                "a role's launch uses {model} but target.model is not set", 'add model = "path/to/model"'
+            )
     name, launch = raw.get("name"), raw.get("launch")
     if (name is None) == (launch is None):
         raise ManifestError(
@@ -223,12 +245,17 @@ def _target(raw: Mapping[str, Any], base: Path) -> TargetSpec:
         config_args=tuple(config_args),
         retries=integer(raw.get("retries", 1), "target.retries", minimum=0),
         cwd=resolve(base, cwd) if cwd else None,
+        stack=stack,
         **commit_target_fields(raw, base),
     )
 
 
-def parse_patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]:
-    """The ``[[patches]]`` tables (triage reads them through here too); diff paths relative to ``base``."""
+def parse_patches(raw: Any, base: Path, required: bool, stack: StackSpec | None = None) -> tuple[PatchSpec, ...]:
+    """The ``[[patches]]`` tables (triage reads them through here too); diff paths relative to ``base``.
+
+    On a stack of roles, ``roles`` names the roles a patch is switched on in (default: every role that runs
+    the model), and ``split = true`` makes one switch per role, ``name@role``, for the search.
+    """
     if raw is None:
         if required:
             raise ManifestError("manifest has no [[patches]] tables", "add one [[patches]] table per patch")
@@ -272,22 +299,53 @@ def parse_patches(raw: Any, base: Path, required: bool) -> tuple[PatchSpec, ...]
             raise ManifestError(f"{where} is a commit: it can be switched, so it is not ungated", "drop gate")
         requires = tuple(str_list(entry.get("requires", []), f"{where}.requires"))
         conflicts = tuple(str_list(entry.get("conflicts", []), f"{where}.conflicts"))
-        out.append(
-            PatchSpec(
-                name,
-                env,
-                args,
-                config,
-                gate == "ungated",
-                resolve(base, diff) if diff else None,
-                summary,
-                requires,
-                conflicts,
-                commit.strip() if commit is not None else None,
-            )
+        spec = PatchSpec(
+            name,
+            env,
+            args,
+            config,
+            gate == "ungated",
+            resolve(base, diff) if diff else None,
+            summary,
+            requires,
+            conflicts,
+            commit.strip() if commit is not None else None,
         )
+        out.extend(_role_patches(entry, spec, stack, where))
     check_relations(out)
     return tuple(out)
+
+
+def _role_patches(entry: Mapping[str, Any], spec: PatchSpec, stack: StackSpec | None, where: str) -> list[PatchSpec]:
+    """The patch with its roles checked, or its ``name@role`` halves (``split = true``)."""
+    import dataclasses
+
+    written = str_list(entry.get("roles", []), f"{where}.roles")
+    split = entry.get("split", False)
+    if not isinstance(split, bool):
+        raise ManifestError(f"{where}.split must be true or false", "write split = true")
+    if "@" in spec.name:
+        raise ManifestError(f"{where}.name {spec.name!r} has an @ (kept for split roles: name@role)", "rename it")
+    if stack is None:  # triage reading patches alone, or a single-launch target
+        if split or written:
+            if written and not split:
+                return [dataclasses.replace(spec, roles=tuple(written))]
+            if split and written:
+                return [dataclasses.replace(spec, name=f"{spec.name}@{r}", roles=(r,)) for r in written]
+        return [spec]
+    roles = patch_roles(stack, spec.name, written, where)
+    if spec.ungated and (split or written):
+        raise ManifestError(f"{where} is ungated: it cannot be switched per role", "drop roles and split")
+    if split and len(roles) < 2:
+        raise ManifestError(f"{where}.split needs two roles or more (it has {list(roles)})", "drop split")
+    parts = [(f"{spec.name}@{r}", (r,)) for r in roles] if split else [(spec.name, roles if written else ())]
+    out = []
+    for name, on in parts:
+        why = agree_conflict(stack, name, on or stack.model_roles, dict(spec.env), spec.args)
+        if why is not None:
+            raise ManifestError(f"{where}: {why}", "switch it on every model role: drop roles / split")
+        out.append(dataclasses.replace(spec, name=name, roles=on))
+    return out
 
 
 def check_relations(patches: Sequence[PatchSpec]) -> None:

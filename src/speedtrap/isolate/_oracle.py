@@ -32,6 +32,7 @@ from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
+from speedtrap.isolate._roles import Stack, launch_stack, role_switches, stack_launches
 from speedtrap.isolate._worktree import Worktrees
 from speedtrap.spec import WORST_STATS, metric
 
@@ -299,6 +300,55 @@ class ServerOracle:
         cwd = self.target.cwd or worktree  # never the user's checkout: `python -m` imports from the cwd first
         return LaunchSpec(tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, cwd)
 
+    def start_stack(self, config: Config, log: Path) -> tuple[Stack, float]:
+        """Every role of ``config``'s stack, healthy and answering one real request through the entry.
+
+        Each role logs to ``<log stem>.<role>.log``; scratch folders are made fresh under ``<log stem>.scratch``.
+        """
+        stack = self.target.stack
+        assert stack is not None
+        values = {"model": self.target.model or ""}
+        worktree = self.worktree(config)
+        if worktree is not None:
+            values["worktree"] = str(worktree)
+        stem = log.with_suffix("")
+        scratch_root = stem.parent / f"{stem.name}.scratch" if stack.scratch else None
+        if scratch_root is not None:
+            if scratch_root.exists():
+                import shutil
+
+                shutil.rmtree(scratch_root)  # never a folder of an earlier launch: a stale KV hides patches
+            for name in stack.scratch:
+                (scratch_root / name).mkdir(parents=True)
+                values[f"scratch.{name}"] = str(scratch_root / name)
+        switches = {key for p in self.patches.values() for key, _ in p.env}
+        base_env = {k: v for k, v in os.environ.items() if k not in switches}
+        if worktree is not None:
+            first = [str(worktree / d) for d in self.target.pythonpath]
+            base_env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [base_env.get("PYTHONPATH", "")])])
+        patches = [self.patches[n] for n in self.order]
+        launches = stack_launches(
+            stack,
+            base_env,
+            [(k, render([v], values)[0]) for k, v in self.target.env],
+            role_switches(stack, patches, config, self.target.config_args),
+            values,
+            self.target.start_timeout,
+            self.target.stop_timeout,
+            self.target.cwd or worktree,
+        )
+        logs = {r.name: stem.parent / f"{stem.name}.{r.name}.log" for r in stack.roles}
+        model = self.probe.model or self.target.served_model or "default"
+        request = {
+            "model": model,
+            "prompt": "The first request of a speedtrap trial:",
+            "max_tokens": 2,
+            "temperature": 0,
+        }
+        return launch_stack(
+            stack, launches, logs, scratch_root, self.target.start_timeout, request if stack.first_request else None
+        )
+
     def worktree(self, config: Config) -> Path | None:
         """The worktree of ``config``'s commits (base + them, cherry-picked), for targets with a repo."""
         if self.target.repo is None:
@@ -314,7 +364,14 @@ class ServerOracle:
         name = request.label + (f".a{attempt}" if attempt > 1 else "") + suffix + ".log"
         return request.workdir / name
 
+    def start(self, config: Config, log: Path) -> tuple[Server, float]:
+        """``config``'s server (or stack of roles), healthy; the caller stops it."""
+        return self._start(config, log)
+
     def _start(self, config: Config, log: Path) -> tuple[Server, float]:
+        if self.target.stack is not None:
+            stack, seconds = self.start_stack(config, log)
+            return stack, seconds  # type: ignore[return-value]  # a Stack quacks like a Server
         port = free_port()
         server = start(self.launch_spec(config, port), log, port)
         return server, wait_healthy(server)
@@ -331,7 +388,10 @@ class ServerOracle:
         try:
             server, launch_s = self._start(request.config, log)
         except ServerError as exc:
-            raise _with_log(exc, log) from None
+            stack_log = exc.log if self.target.stack is not None and exc.log is not None else None
+            raise _with_log(exc, stack_log or log) from None  # a stack's error names its role's log
+        if self.target.stack is not None:
+            log = server.log_path  # the entry role's log (each role has its own: trial-N.ROLE.log)
         with server:
             t1 = time.perf_counter()
             try:
@@ -339,7 +399,7 @@ class ServerOracle:
             except Exception as exc:
                 died = server.died()
                 if died is not None:
-                    raise _with_log(died, log) from None
+                    raise _with_log(died, died.log or log) from None
                 if isinstance(exc, (ProbeError, ServerError)):
                     raise _with_log(exc, log) from None
                 if isinstance(exc, (httpx.HTTPError, OSError)):

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.spec import RULES as RULES
 from speedtrap.spec import Gate, GateKind, Verdict
+
+if TYPE_CHECKING:
+    from speedtrap.isolate._roles import StackSpec
 
 EXECUTORS = ("local", "ray")
 PROBE_KINDS = ("divergence", "recall", "command")
@@ -36,6 +39,7 @@ class PatchSpec:
     commit: str | None = None  # as written: a sha or A..B of target.repo
     commits: tuple[str, ...] = ()  # resolved: full shas, in history order
     commit_rank: tuple[int, ...] = field(default=(), compare=False)  # each commit's place in base..HEAD
+    roles: tuple[str, ...] = ()  # a stack's roles it is switched on in (); () : every role that runs the model
 
     @property
     def gate(self) -> Gate:
@@ -61,6 +65,8 @@ class PatchSpec:
         out = {"env": dict(self.env), "args": list(self.args), "config": dict(self.config), "ungated": self.ungated}
         if self.commit is not None:
             out["commits"] = list(self.commits or (self.commit,))
+        if self.roles:  # left out when empty: earlier runs' trial keys hold
+            out["roles"] = list(self.roles)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +101,7 @@ class TargetSpec:
     repo: Path | None = None  # commit patches: the stack's git checkout (only read)
     base: str | None = None  # commit patches: the commit they apply to (resolved: a full sha)
     pythonpath: tuple[str, ...] = (".",)  # commit patches: worktree folders put first on PYTHONPATH
+    stack: StackSpec | None = None  # target.roles: a multi-process stack (launch/health are its entry's)
 
     @property
     def in_process(self) -> bool:
@@ -110,6 +117,7 @@ class TargetSpec:
             "env": redact_env(dict(self.env))[0],
             "config_args": list(self.config_args),
             **({"base": self.base, "pythonpath": list(self.pythonpath)} if self.repo is not None else {}),
+            **({"stack": self.stack.to_json()} if self.stack is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +139,8 @@ class TargetSpec:
         )
         if self.repo is not None:
             out.update(repo=str(self.repo), base=self.base, pythonpath=list(self.pythonpath))
+        if self.stack is not None:
+            out["stack"] = self.stack.to_json()
         return out
 
 

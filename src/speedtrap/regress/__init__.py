@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from speedtrap.regress._build import build_config, launch_build, stop_url
 from speedtrap.regress._check import (
     DEFAULT_BOUNDS,
     Bound,
@@ -19,7 +20,10 @@ __all__ = [
     "Check",
     "GateResult",
     "bisect_manifest",
+    "build_config",
     "judge_divergence",
     "judge_recall",
     "junit_xml",
+    "launch_build",
+    "stop_url",
 ]

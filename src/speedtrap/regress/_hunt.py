@@ -8,12 +8,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate import IsolateResult, ProbeSpec, VerdictSpec, isolate, load_isolate_manifest
+from speedtrap._toml import read_manifest_toml
+from speedtrap.isolate import IsolateManifest, IsolateResult, ProbeSpec, VerdictSpec, isolate, parse_manifest
 from speedtrap.progress import Progress
 from speedtrap.regress._check import Check
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
+
+
+def manifest_without_rule(manifest_path: Path) -> IsolateManifest:
+    """The manifest with its probe and verdict set aside (the gate supplies both, from the recording and the
+    failed bound), so a manifest without ``verdict.bound`` launches and hunts too; ``verdict.repeats`` kept."""
+    data = dict(read_manifest_toml(Path(manifest_path)))
+    written = data.get("verdict")
+    repeats = written.get("repeats", 2) if isinstance(written, dict) else 2
+    data["verdict"] = {"metric": "failed-bound", "bound": 0.0, "repeats": repeats}
+    data["probe"] = {k: v for k, v in dict(data.get("probe") or {}).items() if k in ("api", "model")}
+    return parse_manifest(data, Path(manifest_path).parent, Path(manifest_path))
 
 
 def bisect_manifest(
@@ -30,10 +42,10 @@ def bisect_manifest(
     a failed recall check searches by recall with the recorded settings (rule ``recall_drop``).
     ``model``: an in-process model already loaded for the manifest's target (else it is loaded).
     """
-    manifest = load_isolate_manifest(manifest_path)
     failed = next((c for c in failures if c.probe == "divergence"), None) or (failures[0] if failures else None)
     if failed is None:
         raise UsageError("nothing failed, nothing to bisect", "drop --bisect-on-fail")
+    manifest = manifest_without_rule(manifest_path)
     if failed.limit is not None:
         limit = failed.limit
         probe = ProbeSpec("divergence", None, recording.divergence.to_json(), reference=str(recording.path))

@@ -16,6 +16,7 @@ from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, pars
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._init import InitResult, init_manifest
 from speedtrap.triage._inspect import InspectReport, inspect_process, read_process
+from speedtrap.triage._inspect_stack import StackReport, inspect_stack
 from speedtrap.triage._manifest import Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
 from speedtrap.triage._run import PatchReport, TriageReport, triage
@@ -43,6 +44,7 @@ __all__ = [
     "PatchReport",
     "PatchSet",
     "Site",
+    "StackReport",
     "TraceResult",
     "TriageReport",
     "apply_patch",
@@ -52,6 +54,7 @@ __all__ = [
     "from_target",
     "init_manifest",
     "inspect_process",
+    "inspect_stack",
     "load_manifest",
     "parse_diff",
     "read_process",

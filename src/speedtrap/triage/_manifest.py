@@ -50,13 +50,13 @@ class Manifest:
 
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.isolate import parse_patches, resolve_commits_in
+    from speedtrap.isolate import manifest_stack, parse_patches, resolve_commits_in
 
     path = Path(path)
     data = read_manifest_toml(path)
     if data.get("patches") is None:
         raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
-    specs = parse_patches(data.get("patches"), path.parent, required=True)
+    specs = parse_patches(data.get("patches"), path.parent, required=True, stack=manifest_stack(data, path))
     repo, base = _commits(data, path.parent, specs)
     if repo is not None:
         repo, base, specs = resolve_commits_in(repo, base, specs)

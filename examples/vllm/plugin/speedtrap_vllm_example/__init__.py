@@ -12,6 +12,11 @@ model is built, the way deployments carry out-of-tree kernels and fixes:
   torch ops instead of vLLM's kernel; the same function up to float rounding.
 - ``SPEEDTRAP_VLLM_RMSNORM_NATIVE=1`` (harmless): every RMSNorm through its torch-native path
   instead of the CPU kernel; the same function up to float rounding.
+- ``SPEEDTRAP_VLLM_PREFILL_MLP_SCALE=<factor>`` (the constructed prefill-path bug of the prefill/decode
+  example, examples/vllm-pd): in decoder layers 1-4 the MLP's output is multiplied by the factor, but only
+  in forward passes of more than ``PREFILL_MIN_TOKENS`` tokens (a "prefill kernel" path). On a prefill
+  role it changes the prompt's KV, which the decode then reads; a decode role only runs passes of one
+  token per sequence plus the prompt's last partial KV block (under 64 tokens), so there it does nothing.
 
 Registering twice in one process (vLLM may call it more than once) installs nothing twice.
 """
@@ -25,7 +30,10 @@ from typing import Any
 DOUBLE_NORM_GAIN = "SPEEDTRAP_VLLM_DOUBLE_NORM_GAIN"
 SILU_NATIVE = "SPEEDTRAP_VLLM_SILU_NATIVE"
 RMSNORM_NATIVE = "SPEEDTRAP_VLLM_RMSNORM_NATIVE"
+PREFILL_MLP_SCALE = "SPEEDTRAP_VLLM_PREFILL_MLP_SCALE"
 DOUBLE_GAIN_LAYERS = (2, 3, 4)
+PREFILL_SCALE_LAYERS = (1, 2, 3, 4)
+PREFILL_MIN_TOKENS = 64
 _TRUTHY = {"1", "true", "yes", "on"}
 _DONE: set[str] = set()  # patches installed in this process (register may run more than once)
 
@@ -52,6 +60,28 @@ def _double_norm_gain() -> None:
             return mlp_forward(x * gain)  # the norm's gain, applied a second time
 
         mlp.forward = forward
+
+    llama.LlamaDecoderLayer.__init__ = __init__
+
+
+def _prefill_mlp_scale(factor: float) -> None:
+    from vllm.model_executor.models import llama
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    original_init = llama.LlamaDecoderLayer.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        if extract_layer_index(prefix) not in PREFILL_SCALE_LAYERS:
+            return
+        mlp_forward = self.mlp.forward
+
+        def forward(x: Any) -> Any:
+            out = mlp_forward(x)
+            return out * factor if x.shape[0] > PREFILL_MIN_TOKENS else out  # the prefill path only
+
+        self.mlp.forward = forward
 
     llama.LlamaDecoderLayer.__init__ = __init__
 
@@ -89,5 +119,10 @@ def register() -> None:
     for name in on:
         PATCHES[name]()
         _DONE.add(name)
+    scale = os.environ.get(PREFILL_MLP_SCALE, "").strip()
+    if scale and PREFILL_MLP_SCALE not in _DONE:
+        _prefill_mlp_scale(float(scale))
+        _DONE.add(PREFILL_MLP_SCALE)
+        on.append(f"{PREFILL_MLP_SCALE}={scale}")
     if on:
         print(f"speedtrap_example[{os.getpid()}]: patches installed: {', '.join(on)}", file=sys.stderr, flush=True)
