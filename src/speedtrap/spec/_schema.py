@@ -35,6 +35,11 @@ class PatchTable(BaseModel):
     scope: str | None = Field(None, description='The layers in words, e.g. "layers 0-2" (triage).')
     phases: list[Literal["prefill", "decode"]] | None = Field(None, description="Phases it touches (triage).")
     commit: str | None = Field(None, description="A sha or A..B of target.repo: a commit patch.")
+    roles: list[str] = Field(
+        default_factory=list,
+        description="On a stack of roles: the roles it is switched on in (default: every role that runs the model).",
+    )
+    split: bool = Field(False, description="On a stack of roles: one switch per role (name@role) for the search.")
 
 
 SCHEMA_ID = "https://speedtrap.dev/schemas/manifest.schema.json"
