@@ -12,7 +12,6 @@ The example plugin is installed into it (a copy, not editable) and reinstalled w
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -20,8 +19,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,17 +48,6 @@ RECIPE = "\n".join([
 
 def venv_python(venv: Path = VENV) -> Path:
     return venv / "bin" / "python"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _pip(python: Path, *args: str, log: Path) -> None:
@@ -113,7 +99,7 @@ def _link(venv: Path) -> None:
     """``.vllm-venv`` in the clone pointing at the stack's venv (a stale link or an old in-clone venv replaced)."""
     if VENV.is_symlink() and VENV.resolve() == venv.resolve():
         return
-    with _locked(ROOT / ".vllm-venv.lock"):
+    with locked(ROOT / ".vllm-venv.lock"):
         if VENV.is_symlink() or VENV.is_file():
             VENV.unlink()
         elif VENV.is_dir():
@@ -152,7 +138,7 @@ def ensure_plugin(python: Path, plugin: Path = PLUGIN) -> None:
 
 def ensure_model(out: Path = MODEL) -> Path:
     """The dense SmolLM2 as an HF folder, exported once with ``speedtrap export`` (as a user would)."""
-    with _locked(out.parent / ".vllm-model.lock"):
+    with locked(out.parent / ".vllm-model.lock"):
         if not (out / "model.safetensors").exists():
             argv = [sys.executable, "-m", "speedtrap", "export", "--target", "smol-moe", "--format", "hf"]
             subprocess.run([*argv, "--out", str(out), "--force"], check=True, capture_output=True)
