@@ -18,6 +18,9 @@ _SECRET_PART = re.compile(
     r"|oauth.*|cookies?|session(id)?|pwd|pass|signature|sig|private)$"
 )
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+# A count of tokens (``--max-total-tokens``, ``--max-num-batched-tokens``, ``MAX_NEW_TOKENS``) is a serving
+# setting, not a secret: ``tokens`` beside one of these words is a quantity.
+_QUANTITY = frozenset({"max", "min", "num", "total", "batched", "new", "prefill", "chunked", "prompt", "output"})
 
 
 def secret_name(name: str) -> bool:
@@ -25,7 +28,9 @@ def secret_name(name: str) -> bool:
     name = name.strip().lstrip("-")
     if name.upper() in _NOT_SECRET:
         return False
-    return any(_SECRET_PART.match(part) for part in re.split(r"[_\-.]+", name.lower()) if part)
+    parts = [part for part in re.split(r"[_\-.]+", name.lower()) if part]
+    counted = not _QUANTITY.isdisjoint(parts)
+    return any(_SECRET_PART.match(part) and not (counted and part == "tokens") for part in parts)
 
 
 _SECRET_VALUE = re.compile(

@@ -191,6 +191,11 @@ def test_redaction_rules() -> None:
         ("HOME", False),
         ("VLLM_PLUGINS", False),
         ("SPEEDTRAP_SMOLMOE_FP8_KV_CACHE", False),
+        # Counts of tokens are serving settings (SGLang's and vLLM's launch flags), not secrets.
+        ("--max-total-tokens", False),
+        ("--max-num-batched-tokens", False),
+        ("MAX_NEW_TOKENS", False),
+        ("GITHUB_TOKENS", True),
     ],
 )
 def test_secret_name_rule(name: str, secret: bool) -> None:
