@@ -313,3 +313,19 @@ def test_any_maps_text_reads_as_site_folders_or_nothing(maps: str) -> None:
     from speedtrap.triage._plugins import site_dirs
 
     assert all(d.name in ("site-packages", "dist-packages") for d in site_dirs(maps))
+
+
+def test_inspect_without_a_patch_list_claims_no_catalogue_for_a_foreign_server() -> None:
+    """A server that carries none of smol-moe's gates (SGLang, vLLM) is not said to run smol-moe's patches "off"."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"SGLANG_USE_CPU_ENGINE": "1"})
+    try:
+        result = CliRunner().invoke(app, ["inspect", "--pid", str(proc.pid), "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["gates"] == [] and "no patch list compared" in data["note"]
+        assert data["other_switches"] == {"SGLANG_USE_CPU_ENGINE": "1"}
+        named = CliRunner().invoke(app, ["inspect", "--pid", str(proc.pid), "--target", "smol-moe", "--json"])
+        assert len(json.loads(named.stdout)["gates"]) == 8  # asked for by name: compared, every gate off
+    finally:
+        proc.kill()
+        proc.wait()

@@ -187,9 +187,18 @@ def inspect_cmd(
         from_manifest(manifest, None).patches if manifest is not None else target_patch_inputs(target or "smol-moe")[0]
     )
     report = inspect_process(pid, patches, ssh)
+    note = ""
+    catalogue_env = {key for p in patches if p.gate is not None for key, _ in p.gate.env}
+    if manifest is None and target is None and catalogue_env.isdisjoint(report.env):
+        # No patch list was named and the process carries none of smol-moe's env gates: listing smol-moe's
+        # patches as "off" would be a claim about a catalogue this server never had.
+        report.gates = []
+        note = "no --manifest or --target given and no smol-moe gate in its environment: no patch list compared"
     if json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), **({"note": note} if note else {})})
         return
+    if note:
+        out_console.print(f"{note} (fix: pass --manifest F to name your stack's patches)", highlight=False)
     table = Table("patch", "gate", "state", "evidence", title=f"pid {pid} on {ssh or 'this machine'}")
     for g in report.gates:
         table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
