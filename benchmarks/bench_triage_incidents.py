@@ -276,6 +276,68 @@ CASES = [
         "routed_scaling_factor",
         (("sglang/srt/layers/moe/topk.py", "topk_weights *= routed_scaling_factor"),),
     ),
+    # Held out (second set): added after the signals were last changed, measured once, no signal changed since.
+    Case(
+        "sglang-31762",
+        "sgl-project/sglang#31762 (Marlin NVFP4: routed_scaling_factor applied in top-k and again in "
+        "moe_sum_reduce: garbage text)",
+        *S523,
+        {
+            "sglang/srt/layers/moe/fused_moe_triton/layer.py": [
+                (
+                    "            isinstance(quant_method, ModelOptNvFp4FusedMoEMethod)\n"
+                    "            # Marlin, or the LoRA MoE runner on its Marlin NVFP4 vendor.\n"
+                    "            and (\n                runner_backend is None\n"
+                    "                or not (runner_backend.is_marlin() or runner_backend.is_lora_marlin())\n"
+                    "            )\n        )\n",
+                    "            isinstance(quant_method, ModelOptNvFp4FusedMoEMethod)\n        )\n",
+                )
+            ]
+        },
+        "the Marlin exclusion dropped from the fuse-the-factor-in-top-k condition",
+        "routed_scaling_factor",
+        (("sglang/srt/layers/moe/fused_moe_triton/fused_marlin_moe.py", "            routed_scaling_factor,"),),
+    ),
+    Case(
+        "sglang-35152",
+        "sgl-project/sglang#35152 (two-batch-overlap op_output multiplied by routed_scaling_factor "
+        "unconditionally, also where top-k had folded it in: output x rsf^2)",
+        *S523,
+        {
+            "sglang/srt/models/deepseek_v2.py": [
+                (
+                    "        state.hidden_states_mlp_output = _scale_routed_and_add_shared(\n"
+                    "            final_hidden_states,\n"
+                    '            state.pop("shared_output"),\n'
+                    "            routed_scaling_factor=self.routed_scaling_factor,\n"
+                    "            fused_in_topk=self.routed_scaling_factor_fused_in_topk,\n"
+                    "        )\n",
+                    '        if (shared_output := state.pop("shared_output")) is not None:\n'
+                    "            x = shared_output\n"
+                    "            x.add_(final_hidden_states, alpha=self.routed_scaling_factor)\n"
+                    "            final_hidden_states = x\n"
+                    "        else:\n"
+                    "            final_hidden_states *= self.routed_scaling_factor\n\n"
+                    "        state.hidden_states_mlp_output = final_hidden_states\n",
+                )
+            ]
+        },
+        "the guarded scale-and-add of the TBO epilogue replaced by an unconditional multiply",
+        "routed_scaling_factor",
+        (("sglang/srt/models/deepseek_v2.py", "x.add_(final_hidden_states, alpha=self.routed_scaling_factor)"),),
+    ),
+    Case(
+        "sglang-38963",
+        "sgl-project/sglang#38963 (DeepSeek-V4.1 VL routing: num_fused_shared_experts not forwarded to "
+        "moe_fused_gate, a routed expert replaced the fused shared expert: garbage logits)",
+        *S523,
+        {
+            "sglang/srt/multimodal/dsv41/vl_routing.py": [
+                ("            num_fused_shared_experts=num_shared_topk_slots,\n", "")
+            ]
+        },
+        "an argument dropped from the fused top-k call (the shared-expert slots)",
+    ),
 ]
 
 

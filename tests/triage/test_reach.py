@@ -69,3 +69,56 @@ def test_an_unknown_model_is_a_usage_error(tree: Path, tmp_path: Path) -> None:
     d = _diff("pkg/models/qwen.py", "return x + 1", "return x + 2", tmp_path / "o.diff")
     with pytest.raises(UsageError, match="no class GPT in the tree"):
         triage(from_diff_files([d], tree), None, "GPT")
+
+
+def test_a_manifests_model_folder_feeds_the_same_reachability(tree: Path, tmp_path: Path) -> None:
+    """``triage --manifest`` whose [target] model is a folder with a config.json ranks as ``--model`` does;
+    a model the manifest names by a GGUF file names no class, so it feeds nothing."""
+    from speedtrap.triage import from_manifest
+
+    _diff("pkg/models/qwen.py", "return x + 1", "return x + 2", tmp_path / "other.diff")
+    _diff("pkg/layers/moe.py", "return x * scale", "return x * scale + 0", tmp_path / "mine.diff")
+    folder = tmp_path / "weights" / "llama"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+
+    def manifest(model: str) -> Path:
+        path = tmp_path / f"speedtrap-{model.replace('/', '_')}.toml"
+        path.write_text(
+            f'tree = "tree"\n\n[target]\nlaunch = ["srv", "--port", "{{port}}"]\nmodel = "{model}"\n\n'
+            '[[patches]]\nname = "other"\ndiff = "other.diff"\ngate = "ungated"\n\n'
+            '[[patches]]\nname = "mine"\ndiff = "mine.diff"\ngate = "ungated"\n'
+        )
+        return path
+
+    report = triage(from_manifest(manifest("weights/llama"), None))
+    by_name = {p.name: p for p in report.patches}
+    assert [p.name for p in report.patches] == ["mine", "other"]
+    assert by_name["other"].tier == 3
+    assert (
+        by_name["other"]
+        .ranking.reasons[0]
+        .startswith("not reachable from the served model LlamaForCausalLM: pkg/models/qwen.py")
+    )
+    # the same as naming the folder with --model on the diff files
+    direct = triage(from_diff_files([tmp_path / "other.diff", tmp_path / "mine.diff"], tree), None, str(folder))
+    assert [(p.name, p.tier) for p in direct.patches] == [(p.name, p.tier) for p in report.patches]
+    # a GGUF model names no class: no reachability, both changes stay tier 2
+    assert {p.tier for p in triage(from_manifest(manifest("m.gguf"), None)).patches} == {2}
+
+
+def test_a_manifests_model_without_a_tree_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    from speedtrap.triage import from_manifest
+
+    _diff("pkg/models/qwen.py", "return x + 1", "return x + 2", tmp_path / "other.diff")
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    path = tmp_path / "speedtrap.toml"
+    path.write_text(
+        '[target]\nlaunch = ["srv", "--port", "{port}"]\nmodel = "llama"\n\n'
+        '[[patches]]\nname = "other"\ndiff = "other.diff"\ngate = "ungated"\n'
+    )
+    report = triage(from_manifest(path, None))
+    assert any("is not used for reachability: no source tree" in w for w in report.warnings)

@@ -28,7 +28,11 @@ SymbolOpt = Annotated[
 ]
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", help="The served model: its class, a config.json or its folder; ranks what it runs first."),
+    typer.Option(
+        "--model",
+        help="The served model: its class, a config.json or its folder; ranks what it runs first "
+        "(default with --manifest: its [target] model folder, where it holds a config.json).",
+    ),
 ]
 PlanOpt = Annotated[
     Path | None, typer.Option("--plan", help="Write the diagnostic plan (Markdown) here; '-' for stdout.")

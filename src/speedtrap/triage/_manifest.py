@@ -5,6 +5,9 @@ what it needs of each patch, and the optional ``tree``::
 
     tree = "../sglang/python"          # optional: the source tree the diffs apply to
 
+    [target]
+    model = "models/DeepSeek-V3"       # optional: a folder with a config.json feeds --model reachability
+
     [[patches]]
     name = "mhc_bf16_gemm"
     env = { SGLANG_MHC_BF16 = "1" }    # optional: environment that switches it on
@@ -46,6 +49,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     repo: Path | None = None  # commit patches: [target] repo and its base (a full sha)
     base: str | None = None
+    model: Path | None = None  # [target] model, where it is a config.json or a folder holding one
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -67,7 +71,23 @@ def load_manifest(path: Path) -> Manifest:
     tree = data.get("tree")
     if tree is not None and not isinstance(tree, str):
         raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
-    return Manifest(path, patches, (path.parent / tree) if tree else None, repo=repo, base=base)
+    return Manifest(
+        path, patches, (path.parent / tree) if tree else None, repo=repo, base=base, model=_model(data, path.parent)
+    )
+
+
+def _model(data: dict[str, Any], base: Path) -> Path | None:
+    """``[target] model`` when it names the model's class: a config.json or a folder holding one (a GGUF
+    file or a hub name does not, so it feeds no reachability)."""
+    target = data.get("target")
+    raw = target.get("model") if isinstance(target, dict) else None
+    if not isinstance(raw, str) or not raw:
+        return None
+    path = Path(raw).expanduser()
+    path = path if path.is_absolute() else base / path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    return path if path.is_file() and path.name.endswith(".json") else None
 
 
 def _commits(data: dict[str, Any], base: Path, specs: Any) -> tuple[Path | None, str | None]:

@@ -104,8 +104,11 @@ class TriageReport:
 
 def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = None) -> TriageReport:
     """Rank the patches of ``patch_set``; with ``symbol``, also list every site of it in the tree; with
-    ``model`` (a class name, a config.json or its folder), rank the changes the served model can run first."""
+    ``model`` (a class name, a config.json or its folder; else the one ``patch_set`` names, such as a
+    manifest's ``[target] model`` folder), rank the changes the served model can run first."""
     start = time.perf_counter()
+    named_by_source = model is None and patch_set.model is not None
+    model = model if model is not None else patch_set.model
     if symbol is not None and not symbol.isidentifier():
         raise UsageError(f"--symbol {symbol!r} is not a Python identifier", "pass a name such as routed_scaling_factor")
     tree = patch_set.tree
@@ -119,6 +122,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
         warnings.append("no source tree: signals are read from the diffs alone (no hot-path analysis, no factor trace)")
     if symbol and index is None:
         raise UsageError("--symbol needs the source tree", "pass --tree (or use --range/--target, which know it)")
+    if model and index is None and named_by_source:
+        warnings.append(f"the served model {model} is not used for reachability: no source tree")
+        model = None
     if model and index is None:
         raise UsageError("--model needs the source tree", "pass --tree (or use --range/--target, which know it)")
     reach = reachable(index, model) if model and index is not None else None

@@ -53,6 +53,7 @@ class PatchSet:
     cli_args: list[str] = field(default_factory=list)  # how to name this source again on the command line
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     tree_label: str | None = None  # how to name the tree when it is a temporary export (removed on close)
+    model: str | None = None  # the served model the source names (a manifest's [target] model folder)
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -175,7 +176,8 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
     if tree is None and manifest.repo is not None and manifest.base is not None:
         tmp = _archive(manifest.repo, manifest.base)
         tree = Path(tmp.name)
-    return PatchSet(patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp)
+    model = str(manifest.model) if manifest.model is not None else None
+    return PatchSet(patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp, model=model)
 
 
 def _commit_diff(repo: Path, sha: str) -> str:
