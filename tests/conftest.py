@@ -26,6 +26,17 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``stack`` (whole hunts over a real multi-server stack, minutes each) are benchmarks: CI's
+    ``-m slow`` leaves them out to keep under its time budget; ``pytest -m stack`` runs them."""
+    if "stack" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("stack") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("stack")])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def smol() -> Iterator[InProcessModel]:
     """smol-moe with its eight patches plus the extra constructed ones; tests leave no patch applied."""

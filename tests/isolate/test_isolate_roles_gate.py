@@ -98,6 +98,7 @@ class Watcher:
         self._thread.join()
 
 
+@pytest.mark.stack
 @pytest.mark.slow
 def test_check_launches_the_stack_itself_stops_it_and_hunts_with_the_failed_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -60,6 +60,7 @@ def test_divergence_through_the_sglang_api_matches_transformers(
     assert "sglang" in report["engines"]["candidate"].lower(), report["engines"]
 
 
+@pytest.mark.stack
 @pytest.mark.timeout(2400)
 def test_recall_through_the_sglang_api_gives_transformers_answers(
     sglang_server: Server, stack: tuple[Path, Path]

@@ -78,6 +78,7 @@ class ApiServers:
         self._thread.join()
 
 
+@pytest.mark.stack
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about 8 stack launches; one launch took 140-160 s with the cores shared (load ~15)
 def test_bisect_names_the_prefill_half_agrees_with_brute_force_one_stack_at_a_time(
