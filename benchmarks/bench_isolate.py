@@ -20,7 +20,7 @@ Methods, side by side in one run:
   checks the found sets need (everything but them; with two or more, each set among the rest and
   each pair among the rest). It blames every patch that fails alone;
 - ddmin: baseline and full set, then Zeller and Hildebrandt's ddmin (one 1-minimal set);
-- v1: the search before issue 17 (read from the git tag ``search-v1``: benchmarks/_search_v1.py there);
+- v1: the search before issue 17 (read from commit 3b58e38, tagged ``search-v1``: benchmarks/_search_v1.py there);
 - isolate: the current search (``Search``, plan picked from n).
 
 ``--near`` prints another table instead: a deterministic stack whose every figure sits near the bound
@@ -52,7 +52,7 @@ from typing import Any
 
 from speedtrap.isolate import Evaluator, FunctionOracle, Judgement, Search, ThresholdRule, TrialStore, Verdict
 
-V1_TAG = "search-v1"  # git tag of the commit that still holds benchmarks/_search_v1.py (the search at dcc82ad)
+V1_TAG = "3b58e38"  # main's commit (tag search-v1) still holding benchmarks/_search_v1.py
 
 
 def load_search_v1() -> Any:
@@ -63,7 +63,7 @@ def load_search_v1() -> Any:
             ["git", "show", f"{V1_TAG}:benchmarks/_search_v1.py"], cwd=root, capture_output=True, text=True, check=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        sys.exit(f"bench_isolate: cannot read the v1 search from git tag {V1_TAG} (fix: git fetch --tags)")
+        sys.exit(f"bench_isolate: cannot read the v1 search from commit {V1_TAG} (fix: a full clone)")
     module = types.ModuleType("_search_v1")
     sys.modules[module.__name__] = module  # dataclasses look their module up while the class is built
     exec(compile(text, f"{V1_TAG}:benchmarks/_search_v1.py", "exec"), module.__dict__)
