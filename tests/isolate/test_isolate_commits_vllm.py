@@ -69,6 +69,7 @@ def _copy_package(src: Path, dst: Path) -> None:
             shutil.copy2(path, target)
 
 
+@pytest.mark.stack  # 255 s on CI's machine: a benchmark (`pytest -m stack`), see docs/performance.md
 def test_vllm_commit_patches_name_the_culprit_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if "SPEEDTRAP_VLLM_VENV" not in os.environ:
         ensure_vllm_stack()  # builds .vllm-venv and .vllm-model once (minutes), reused after
