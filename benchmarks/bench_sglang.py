@@ -36,18 +36,19 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples" / "sglang"))
 
 import build_example  # noqa: E402
 from sglang_stack import ensure_python  # noqa: E402
 
+from _watch import ServerWatcher, argv_has, descends_from  # noqa: E402
 from speedtrap.isolate import (  # noqa: E402
     IsolateManifest,
     PatchSpec,
@@ -57,69 +58,33 @@ from speedtrap.isolate import (  # noqa: E402
     load_isolate_manifest,
 )
 
-MARK = b"sglang.launch_server"
+MARK = argv_has(b"-m", b"sglang.launch_server")
 
 
 class Watcher:
-    """The most ``python -m sglang.launch_server`` processes alive at once, and every such pid seen."""
+    """SGLang servers alive at once: this benchmark's (most, and every pid seen: its launches) and the machine's."""
 
-    def __init__(self, interval: float = 0.25) -> None:
-        self.interval = interval
-        self.most_ours = 0  # descended from this process
-        self.most_all = 0  # anywhere on the machine
-        self.seen: set[int] = set()  # pids of ours seen alive (each one a launch)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            everyone = servers_alive(None)
-            ours = [pid for pid in everyone if _descends(pid, os.getpid())]
-            self.most_ours = max(self.most_ours, len(ours))
-            self.most_all = max(self.most_all, len(everyone))
-            self.seen.update(ours)
-            if self._stop.wait(self.interval):
-                return
+    def __init__(self) -> None:
+        self.ours = ServerWatcher(MARK, descends_from(os.getpid()), interval=0.25)
+        self.machine = ServerWatcher(MARK, None, interval=0.25)
 
     def __enter__(self) -> Watcher:
-        self._thread.start()
+        self.ours.__enter__()
+        self.machine.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.ours.__exit__()
+        self.machine.__exit__()
 
     def to_json(self) -> dict[str, int]:
-        return {"most_alive_ours": self.most_ours, "most_alive_machine": self.most_all, "launches_seen": len(self.seen)}
+        return {"most_alive_ours": self.ours.most, "most_alive_machine": self.machine.most,
+                "launches_seen": len(self.ours.seen)}  # fmt: skip
 
 
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _descends(pid: int, root: int) -> bool:
-    while pid > 1 and pid != root:
-        pid = _parent(pid)
-    return pid == root
-
-
-def servers_alive(root: int | None = None) -> list[int]:
-    """Pids (descended from ``root``; None: any) whose command line runs ``-m sglang.launch_server``."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if MARK in argv and b"-m" in argv and (root is None or _descends(int(proc.name), root)):
-            out.append(int(proc.name))
-    return out
+def servers_alive(root: int) -> list[int]:
+    """SGLang server pids descended from ``root`` alive now."""
+    return ServerWatcher(MARK, descends_from(root)).alive()
 
 
 # ----------------------------------------------------------------------------------------------
