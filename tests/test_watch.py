@@ -1,0 +1,38 @@
+"""The shared server watcher (tests/_watch.py): launch guards and forked workers are not servers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _watch import ServerWatcher, argv_has, descends_from, marked
+
+CODE = "import os, time; os.fork(); time.sleep(0.4)"  # a server that forks a worker (same argv)
+SERVER = ["-c", CODE, "-m", "fake_engine.launch_server"]
+
+
+def test_counts_servers_not_guards_or_forked_workers(tmp_path: Path) -> None:
+    guard = tmp_path / "_guard.py"  # like speedtrap's launch guard: its argv holds the server's
+    guard.write_text("import subprocess, sys\nsys.exit(subprocess.call(sys.argv[1:]))\n")
+    match = argv_has(b"-m", b"fake_engine.launch_server")
+    with ServerWatcher(match, descends_from(os.getpid()), interval=0.05) as watcher:
+        subprocess.run([sys.executable, str(guard), sys.executable, *SERVER], check=True)
+        second = subprocess.Popen([sys.executable, *SERVER])
+        time.sleep(0.2)
+        assert watcher.count() == 1
+        second.wait()
+    assert watcher.most == 1
+    assert len(watcher.seen) == 2
+
+
+def test_two_at_once_and_the_marker() -> None:
+    env = {**os.environ, "WATCH_TEST": "x"}
+    with ServerWatcher(argv_has(b"fake_engine.launch_server"), marked("WATCH_TEST", "x"), interval=0.05) as w:
+        procs = [subprocess.Popen([sys.executable, *SERVER], env=env) for _ in range(2)]
+        unmarked = subprocess.Popen([sys.executable, *SERVER])
+        for p in [*procs, unmarked]:
+            p.wait()
+    assert w.most == 2
