@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--against", help="with --fresh-clone: also time this commit's demo in the same run")
     args = parser.parse_args()
     if args.fresh_clone:
-        sys.exit(fresh_clone(args.keep))
+        sys.exit(fresh_clone(args.keep, args.against))
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         cache = Path(tmp) / "cache"
         out = args.keep or Path(tmp) / "run"
