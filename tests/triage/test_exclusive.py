@@ -188,3 +188,38 @@ def test_a_factor_added_twice_in_sequence_is_a_double_application(tmp_path: Path
     warnings = _triage(tmp_path, twice)
     assert warnings and all("possible double application of scaling_factor" in w for w in warnings)
     assert any("pkg/moe.py:9" in w and "pkg/moe.py:11" in w for w in warnings)
+
+
+# A condition widened: ``implies(old, new)`` and not the reverse. Ground truth: the truth table over
+# the atoms, which are independent names here.
+ATOMS = ("a", "b", "c", "d")
+conditions = st.recursive(
+    st.sampled_from(ATOMS),
+    lambda inner: st.tuples(st.sampled_from(("and", "or")), st.lists(inner, min_size=2, max_size=3)).map(
+        lambda t: "(" + f" {t[0]} ".join(t[1]) + ")"
+    ),
+    max_leaves=6,
+)
+
+
+def _table(expr: str) -> list[bool]:
+    code = compile(expr, "<cond>", "eval")
+    return [bool(eval(code, dict(zip(ATOMS, bits, strict=True)))) for bits in itertools.product((0, 1), repeat=4)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(conditions, conditions)
+def test_implies_is_sound_on_random_conditions(old: str, new: str) -> None:
+    from speedtrap.triage._classes import implies
+
+    a, b = ast.parse(old, mode="eval").body, ast.parse(new, mode="eval").body
+    if implies(a, b):
+        assert all(y or not x for x, y in zip(_table(old), _table(new), strict=True)), (old, new)
+
+
+def test_implies_sees_a_conjunct_lost_inside_an_alternative() -> None:
+    from speedtrap.triage._classes import implies
+
+    old = ast.parse("p or (q and not r) or (s and t)", mode="eval").body
+    new = ast.parse("p or q or (s and t)", mode="eval").body
+    assert implies(old, new) and not implies(new, old)
