@@ -405,3 +405,35 @@ def test_5_a_conjunct_lost_inside_an_alternative_by_a_diff_that_only_deletes_lin
         ],
     )
     assert not [s for s in q.signals.signals if s.data.get("widened")]
+
+
+def test_a_keyword_argument_dropped_from_a_call_that_stays(tmp_path: Path) -> None:
+    """sglang#38963's shape: an argument deleted from a call; the callee silently takes its default."""
+    p = _one(tmp_path, "pkg/model.py", [("            top_k=config.top_k,\n", "")])
+    [g] = [s for s in p.signals.signals if s.data.get("argument")]
+    assert "drops `top_k=config.top_k` from the call `FusedMoE(...)`" in g.summary
+    assert p.tier <= 2 and g.summary in p.ranking.reasons
+    assert "no known risky pattern matched" not in p.ranking.reasons[0]
+    # the same argument moved to another line of the call, or passed positionally instead: not dropped
+    q = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "            top_k=config.top_k,\n            routed_scaling_factor=1.0,\n",
+                "            routed_scaling_factor=1.0, top_k=config.top_k,\n",
+            )
+        ],
+    )
+    assert not [s for s in q.signals.signals if s.data.get("argument")]
+    r = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "            num_experts=config.n_routed_experts,\n            top_k=config.top_k,\n",
+                "            config.n_routed_experts,\n            config.top_k,\n",
+            )
+        ],
+    )
+    assert not [s for s in r.signals.signals if s.data.get("argument")]

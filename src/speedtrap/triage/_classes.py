@@ -311,9 +311,51 @@ def precision_under_new_condition(cf: ChangedFile, new: Module) -> list[Signal]:
     return out
 
 
+def _calls_in(mod: Module, funcs: set[str]) -> dict[tuple[str, str], list[ast.Call]]:
+    out: dict[tuple[str, str], list[ast.Call]] = {}
+    for node in sorted((n for n in mod.nodes if isinstance(n, ast.Call)), key=_pos):
+        where = mod.qualname(node)
+        if where in funcs:
+            out.setdefault((where, short(node.func, 80)), []).append(node)
+    return out
+
+
+def dropped_arguments(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    """A keyword argument deleted from a call that stays (same function, same callee, the positional
+    arguments not grown to take it): the callee now computes with its default for that parameter."""
+    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
+    before, after = _calls_in(old, funcs), _calls_in(new, funcs)
+    out: list[Signal] = []
+    for key, olds in before.items():
+        news = after.get(key, [])
+        if len(news) != len(olds):
+            continue
+        for o, n in zip(olds, news, strict=True):
+            if not _spans(o, cf.removed) or len(n.args) > len(o.args):
+                continue
+            if any(k.arg is None for k in n.keywords):
+                continue  # a **mapping may pass it now
+            kept = {k.arg for k in n.keywords}
+            for kw in o.keywords:
+                if kw.arg is None or kw.arg in kept or not _spans(kw, cf.removed):
+                    continue
+                out.append(
+                    Signal(
+                        GUARD,
+                        f"drops `{kw.arg}={short(kw.value, 60)}` from the call `{key[1]}(...)` in "
+                        f"{key[0].replace('<module>', 'module level')}: the callee now uses its default for "
+                        f"`{kw.arg}`",
+                        (_ev(cf, kw.lineno, "-"),),
+                        data={"kind": "argument dropped", "argument": True, "names": [kw.arg]},
+                    )
+                )
+    return out
+
+
 def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     return [
         *uninitialised(cf, old, new),
+        *dropped_arguments(cf, old, new),
         *widened(cf, old, new),
         *cuda_graph(cf, old, new),
         *precision_under_new_condition(cf, new),

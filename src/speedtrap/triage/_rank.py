@@ -78,7 +78,7 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     for s in sig.of(GUARD):
         p = 3 if s.data.get("not_implemented") or s.data.get("replaced") or s.data.get("widened") else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if s.data.get("widened"):
+        if s.data.get("widened") or s.data.get("argument"):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
