@@ -157,6 +157,8 @@ def _triage(tmp_path: Path, new_finish: str) -> list[str]:
     diff = "".join(difflib.unified_diff(MODEL.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
     (tmp_path / "p.diff").write_text(f"diff --git a/{rel} b/{rel}\n" + diff)
     [p] = triage(from_diff_files([tmp_path / "p.diff"], tree), "scaling_factor").patches
+    pairs = [(d.symbol, d.added.where, d.other.where) for d in p.doubles]
+    assert len(pairs) == len(set(pairs)), "one pair of sites, one claim"
     return [d.message for d in p.doubles]
 
 
