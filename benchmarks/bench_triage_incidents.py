@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -50,15 +51,28 @@ class Case:
     factor: str | None = None  # a factor case: the warning must name these sites
     sites: tuple[tuple[str, str], ...] = ()  # (file, code on the line) the warning must name
     base: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # edits that make the base tree
+    held_out: bool = False  # added after the last change to triage's analysis, measured once
 
 
-V33, V10, S410, S51, S523 = (
+V33, V10, S410, S51, S523, LCP = (
     ("vllm", "0.33.0"),
     ("vllm", "0.10.1.1"),
     ("sglang", "0.4.10"),
     ("sglang", "0.5.1"),
     ("sglang", "0.5.23"),
+    ("llama_cpp_python", "0.3.16"),
 )
+# Packages published as sdists (C++ sources vendored): which folders of the sdist are unpacked.
+SDIST_DIRS = {
+    "llama_cpp_python": (
+        "llama_cpp/",
+        "vendor/llama.cpp/src/",
+        "vendor/llama.cpp/include/",
+        "vendor/llama.cpp/common/",
+        "vendor/llama.cpp/gguf-py/gguf/",
+    )
+}
+_KEEP_C = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh")
 FMOE = "vllm/model_executor/layers/fused_moe/layer.py"
 DSV2 = "vllm/model_executor/models/deepseek_v2.py"
 FMOE_10 = FMOE  # the same path in 0.10.1.1
@@ -256,7 +270,7 @@ CASES = [
         "routed_scaling_factor",
         (("sglang/srt/layers/quantization/modelopt_quant.py", "output *= routed_scaling_factor"),),
     ),
-    # Held out: added after the signals were last changed, measured once.
+    # Formerly held out (measured once before the analysis changed after them; developed on since).
     Case(
         "sglang-8770",
         "sgl-project/sglang#8770 / #8364 (cutlass FP8 MoE at 0.832 accuracy: routed_scaling_factor not applied "
@@ -276,7 +290,7 @@ CASES = [
         "routed_scaling_factor",
         (("sglang/srt/layers/moe/topk.py", "topk_weights *= routed_scaling_factor"),),
     ),
-    # Held out (second set): added after the signals were last changed, measured once, no signal changed since.
+    # Formerly held out, second set: their misses were read and the general weaknesses behind them fixed.
     Case(
         "sglang-31762",
         "sgl-project/sglang#31762 (Marlin NVFP4: routed_scaling_factor applied in top-k and again in "
@@ -338,6 +352,53 @@ CASES = [
         },
         "an argument dropped from the fused top-k call (the shared-expert slots)",
     ),
+    # Held out (third set): added after the last change to triage's analysis (commit 953cfcc), measured once.
+    Case(
+        "llama.cpp-14892",
+        "ggml-org/llama.cpp#14892 (PLaMo2 attention: kq_scale passed as 1.0 instead of 1/sqrt(head_dim), "
+        "output quality collapsed)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-model.cpp": [
+                (
+                    "Qcur, Kcur, Vcur, NULL, NULL, 1.0f/sqrtf(float(n_embd_head_v)), il);\n",
+                    "Qcur, Kcur, Vcur, NULL, NULL, 1.0f, il);\n",
+                )
+            ]
+        },
+        "the attention scale at a kernel call replaced by the identity 1.0 (C++, llama.cpp vendored in "
+        "llama-cpp-python)",
+        held_out=True,
+    ),
+    Case(
+        "sglang-18396",
+        "sgl-project/sglang#18396 (TRT-LLM MLA: checkpoint k_scale applied in BMM1 although the KV cache is "
+        "BF16: scores ~16x too small, degenerate output)",
+        *S523,
+        {
+            "sglang/srt/layers/attention/trtllm_mla_backend.py": [
+                (
+                    "        q_scale = 1.0\n        if self.data_type == torch.float8_e4m3fn:\n"
+                    "            k_scale = (\n                layer.k_scale_float\n"
+                    '                if getattr(layer, "k_scale_float", None) is not None\n'
+                    "                else 1.0\n            )\n        else:\n"
+                    '            if getattr(layer, "k_scale_float", None) is not None:\n'
+                    "                logger.warning_once(\n"
+                    '                    "Checkpoint has k_scale but KV cache dtype is not FP8. "\n'
+                    '                    "Ignoring k_scale for BMM1 (k_scale=%.4f, kv_dtype=%s).",\n'
+                    "                    layer.k_scale_float,\n                    self.data_type,\n"
+                    "                )\n            k_scale = 1.0\n",
+                    "        q_scale = 1.0\n        k_scale = (\n            layer.k_scale_float\n"
+                    '            if getattr(layer, "k_scale_float", None) is not None\n'
+                    "            else 1.0\n        )\n",
+                )
+            ]
+        },
+        "the FP8-only gate on the checkpoint's k_scale removed from the decode BMM1 scale",
+        "k_scale",
+        (("sglang/srt/layers/attention/trtllm_mla_backend.py", "return q_scale * k_scale * layer.scaling"),),
+        held_out=True,
+    ),
 ]
 
 
@@ -365,8 +426,41 @@ def _wheel(package: str, version: str) -> Path:
     return found[0]
 
 
+def _sdist(package: str, version: str) -> Path:
+    sdists = CACHE / "sdists"
+    found = sorted(sdists.glob(f"{package}-{version}.tar.gz"))
+    if not found:
+        sdists.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            f"{package.replace('_', '-')}=={version}",
+            "-d",
+            str(sdists),
+        ]
+        subprocess.run(cmd, check=True, timeout=1800)
+        found = sorted(sdists.glob(f"{package}-{version}.tar.gz"))
+    return found[0]
+
+
 def tree_of(package: str, version: str) -> Path:
     tree = CACHE / "trees" / f"{package}-{version}"
+    if package in SDIST_DIRS:
+        if not (tree / SDIST_DIRS[package][0]).is_dir():
+            with tarfile.open(_sdist(package, version)) as tf:
+                for m in tf.getmembers():
+                    rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+                    if m.isfile() and rel.startswith(SDIST_DIRS[package]) and rel.endswith(_KEEP + _KEEP_C):
+                        m.name = rel
+                        tf.extract(m, tree, filter="data")
+        return tree
     if not (tree / package).is_dir():
         with zipfile.ZipFile(_wheel(package, version)) as zf:
             names = [n for n in zf.namelist() if n.startswith(f"{package}/") and n.endswith(_KEEP)]
@@ -402,10 +496,10 @@ def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunc
     return best
 
 
-def _decoy_comment(text: str, line: int) -> str | None:
+def _decoy_comment(text: str, line: int, mark: str = "#") -> str | None:
     lines = text.split("\n")
     indent = re.match(r"\s*", lines[line - 1]).group(0)  # type: ignore[union-attr]
-    lines.insert(line - 1, f"{indent}# decoy: a comment only")
+    lines.insert(line - 1, f"{indent}{mark} decoy: a comment only")
     return "\n".join(lines)
 
 
@@ -519,14 +613,17 @@ def run_case(case: Case, work: Path) -> Result:
     diffs.append(work / "culprit.diff")
     rel, edits = next(iter(case.edits.items()))
     before = (tree / rel).read_text()
-    parsed = ast.parse(before)
     line = _first_line(before, edits)
-    makers = {
-        "comment": lambda: _decoy_comment(before, line),
-        "message": lambda: _decoy_message(before, parsed, line),
-        "rewrite": lambda: _decoy_rewrite(before, parsed),
-        "precision": lambda: _decoy_precision(before, parsed, line),
-    }
+    if rel.endswith(".py"):
+        parsed = ast.parse(before)
+        makers = {
+            "comment": lambda: _decoy_comment(before, line),
+            "message": lambda: _decoy_message(before, parsed, line),
+            "rewrite": lambda: _decoy_rewrite(before, parsed),
+            "precision": lambda: _decoy_precision(before, parsed, line),
+        }
+    else:  # C-family: only the comment rule applies
+        makers = {"comment": lambda: _decoy_comment(before, line, "//")}
     for name, make in makers.items():
         text = make()
         if text is None or text == before:
@@ -561,6 +658,7 @@ def _summary(res: Result) -> dict[str, Any]:
         "culprit_reason": res.culprit.ranking.reasons[0] if res.culprit.ranking.reasons else "",
         "warnings": len(res.warnings),
         "factor_case": res.case.factor is not None,
+        "held_out": res.case.held_out,
         "sites_named": res.sites_named,
         "decoy_tiers": {k: v.tier for k, v in res.decoys.items()},
         "seconds": round(res.seconds, 2),
@@ -579,23 +677,34 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         d = r["decoy_tiers"]
         decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
+        held = " (held out)" if r.get("held_out") else ""
         out.append(
-            f"| {r['id']} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
+            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
             f"| {r['seconds']:.2f} |"
         )
+    out.append("")
+    out.append(_totals("all", rows))
+    dev = [r for r in rows if not r.get("held_out")]
+    held = [r for r in rows if r.get("held_out")]
+    if dev and held:
+        out.append(_totals("developed on", dev))
+        out.append(_totals("held out", held))
+    return "\n".join(out)
+
+
+def _totals(label: str, rows: list[dict[str, Any]]) -> str:
     n = len(rows)
     t1 = sum(r["culprit_tier"] == 1 for r in rows)
     factor = [r for r in rows if r["factor_case"]]
-    inert_over = sum(1 for r in rows for k in ("comment", "message", "rewrite") if r["decoy_tiers"].get(k, 3) != 3)
-    out.append("")
-    out.append(
-        f"Culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
+    inert = [r["decoy_tiers"][k] for r in rows for k in ("comment", "message", "rewrite") if k in r["decoy_tiers"]]
+    return (
+        f"{label.capitalize()} ({n}): culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
         f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
-        f"Inert decoys above tier 3: {inert_over}. Factor cases with a warning naming the right sites: "
+        f"Inert decoys above tier 3: {sum(t != 3 for t in inert)} of {len(inert)}. "
+        f"Factor cases with a warning naming the right sites: "
         f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
         f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}."
     )
-    return "\n".join(out)
 
 
 def main() -> None:

@@ -362,3 +362,78 @@ def test_7_dtype_assignment_is_precision_a_comparison_is_not(tmp_path: Path) -> 
     # an assignment is
     s_ = _one(tmp_path, "pkg/model.py", [("kv_cache_dtype = server_args.dtype\n", 'kv_cache_dtype = "fp8_e4m3"\n')])
     assert "precision" in _kinds(s_)
+
+
+def test_5_a_conjunct_lost_inside_an_alternative_by_a_diff_that_only_deletes_lines(tmp_path: Path) -> None:
+    """sglang#31762's shape, written here: the exclusion inside the second alternative of a multi-line
+    predicate is deleted (no added line), so the predicate holds in more cases."""
+    predicate = (
+        "\n\ndef fuses_in_topk(method, backend):\n"
+        "    return (\n"
+        "        getattr(method, 'fused', False)\n"
+        "        or (\n"
+        "            isinstance(method, int)\n"
+        "            and (backend is None or not backend.is_marlin())\n"
+        "        )\n"
+        "    )\n"
+    )
+    _tree(tmp_path)
+    model = tmp_path / "tree" / "pkg" / "model.py"
+    model.write_text(model.read_text() + predicate)
+    p = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "            isinstance(method, int)\n            and (backend is None or not backend.is_marlin())\n",
+                "            isinstance(method, int)\n",
+            )
+        ],
+    )
+    [g] = [s for s in p.signals.signals if s.data.get("widened")]
+    assert "drops a condition from" in g.summary and "fuses_in_topk" in g.summary
+    assert [e.side for e in g.evidence] == ["-"] and "is_marlin" in g.evidence[0].text
+    # the reverse (the exclusion added back) narrows the predicate: no widening
+    q = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "    return (\n        getattr(method, 'fused', False)\n",
+                "    return (\n        getattr(method, 'fused', False)\n        and backend is not None\n",
+            )
+        ],
+    )
+    assert not [s for s in q.signals.signals if s.data.get("widened")]
+
+
+def test_a_keyword_argument_dropped_from_a_call_that_stays(tmp_path: Path) -> None:
+    """sglang#38963's shape: an argument deleted from a call; the callee silently takes its default."""
+    p = _one(tmp_path, "pkg/model.py", [("            top_k=config.top_k,\n", "")])
+    [g] = [s for s in p.signals.signals if s.data.get("argument")]
+    assert "drops `top_k=config.top_k` from the call `FusedMoE(...)`" in g.summary
+    assert p.tier <= 2 and g.summary in p.ranking.reasons
+    assert "no known risky pattern matched" not in p.ranking.reasons[0]
+    # the same argument moved to another line of the call, or passed positionally instead: not dropped
+    q = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "            top_k=config.top_k,\n            routed_scaling_factor=1.0,\n",
+                "            routed_scaling_factor=1.0, top_k=config.top_k,\n",
+            )
+        ],
+    )
+    assert not [s for s in q.signals.signals if s.data.get("argument")]
+    r = _one(
+        tmp_path,
+        "pkg/model.py",
+        [
+            (
+                "            num_experts=config.n_routed_experts,\n            top_k=config.top_k,\n",
+                "            config.n_routed_experts,\n            config.top_k,\n",
+            )
+        ],
+    )
+    assert not [s for s in r.signals.signals if s.data.get("argument")]

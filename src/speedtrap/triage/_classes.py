@@ -115,17 +115,42 @@ def _conjuncts(test: ast.expr, op: type[ast.boolop]) -> list[str]:
     return [ast.dump(test)]
 
 
-def _conditions(mod: Module, lines: frozenset[int]) -> dict[tuple[str, int], list[tuple[ast.expr, int]]]:
-    """If/while tests and predicate returns touching ``lines``, by function and kind, in order."""
+def implies(a: ast.expr, b: ast.expr) -> bool:
+    """Whether ``a`` implies ``b`` for every truth value of their atoms (the operands that are not
+    ``and``/``or``, compared as ASTs and treated as independent). Sound, not complete."""
+    if ast.dump(a) == ast.dump(b):
+        return True
+    if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.Or):
+        return all(implies(x, b) for x in a.values)
+    if isinstance(b, ast.BoolOp) and isinstance(b.op, ast.And):
+        return all(implies(a, y) for y in b.values)
+    if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.And) and any(implies(x, b) for x in a.values):
+        return True
+    return isinstance(b, ast.BoolOp) and isinstance(b.op, ast.Or) and any(implies(a, y) for y in b.values)
+
+
+def _conditions(mod: Module, funcs: set[str]) -> dict[tuple[str, int], list[tuple[ast.expr, int]]]:
+    """If/while tests and predicate returns of the functions ``funcs``, by function and kind, in order."""
     out: dict[tuple[str, int], list[tuple[ast.expr, int]]] = {}
-    for stmt in mod.statements_touching(lines):
+    for stmt in sorted((n for n in mod.nodes if isinstance(n, (ast.If, ast.While, ast.Return))), key=_pos):
+        where = mod.qualname(stmt)
+        if where not in funcs:
+            continue
         if isinstance(stmt, (ast.If, ast.While)):
-            test_end = stmt.test.end_lineno or stmt.lineno
-            if any(stmt.lineno <= ln <= test_end for ln in lines):
-                out.setdefault((mod.qualname(stmt), 0), []).append((stmt.test, stmt.lineno))
-        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, (ast.BoolOp, ast.Compare, ast.UnaryOp)):
-            out.setdefault((mod.qualname(stmt), 1), []).append((stmt.value, stmt.lineno))
+            out.setdefault((where, 0), []).append((stmt.test, stmt.lineno))
+        elif isinstance(stmt.value, (ast.BoolOp, ast.Compare, ast.UnaryOp)):
+            out.setdefault((where, 1), []).append((stmt.value, stmt.lineno))
     return out
+
+
+def _pos(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _spans(node: ast.AST, lines: frozenset[int]) -> bool:
+    start = getattr(node, "lineno", 0)
+    end = getattr(node, "end_lineno", start) or start
+    return any(start <= ln <= end for ln in lines)
 
 
 def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
@@ -167,28 +192,32 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                 data={"kind": "widened", "widened": True, "names": []},
             )
         )
-    old_tests = _conditions(old, cf.removed)
-    new_tests = _conditions(new, cf.added)
+    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
+    funcs |= {new.qualname(n) for n in new.statements_touching(cf.added)}
+    old_tests, new_tests = _conditions(old, funcs), _conditions(new, funcs)
     for cond_key, tests in new_tests.items():
         olds = old_tests.get(cond_key, [])
         if len(olds) != len(tests):
             continue
         for (o, o_line), (n, n_line) in zip(olds, tests, strict=True):
-            o_and, n_and = _conjuncts(o, ast.And), _conjuncts(n, ast.And)
-            o_or, n_or = _conjuncts(o, ast.Or), _conjuncts(n, ast.Or)
-            how = None
-            if len(n_and) < len(o_and) and all(c in o_and for c in n_and):
-                how = "drops a condition from"
-            elif len(n_or) > len(o_or) and all(c in n_or for c in o_or):
-                how = "adds an alternative to"
-            if how is None:
+            if not (_spans(o, cf.removed) or _spans(n, cf.added)) or ast.dump(o) == ast.dump(n):
                 continue
+            if not implies(o, n) or implies(n, o):
+                continue  # not strictly wider: narrowed, rewritten, or the same cases
+            o_or, n_or = _conjuncts(o, ast.Or), _conjuncts(n, ast.Or)
+            how = (
+                "adds an alternative to"
+                if len(n_or) > len(o_or) and all(c in n_or for c in o_or)
+                else "drops a condition from"
+            )
+            evidence = [_ev(cf, ln, "-") for ln in sorted(cf.removed) if _spans(o, frozenset({ln}))][:3]
+            evidence += [_ev(cf, ln, "+") for ln in sorted(cf.added) if _spans(n, frozenset({ln}))][:3]
             out.append(
                 Signal(
                     GUARD,
                     f"{how} `{short(o, 100)}` in {cond_key[0].replace('<module>', 'module level')} "
                     f"(now `{short(n, 100)}`): the guarded path runs in more cases",
-                    (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
+                    tuple(evidence) or (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
                     data={"kind": "widened", "widened": True, "names": []},
                 )
             )
@@ -282,9 +311,51 @@ def precision_under_new_condition(cf: ChangedFile, new: Module) -> list[Signal]:
     return out
 
 
+def _calls_in(mod: Module, funcs: set[str]) -> dict[tuple[str, str], list[ast.Call]]:
+    out: dict[tuple[str, str], list[ast.Call]] = {}
+    for node in sorted((n for n in mod.nodes if isinstance(n, ast.Call)), key=_pos):
+        where = mod.qualname(node)
+        if where in funcs:
+            out.setdefault((where, short(node.func, 80)), []).append(node)
+    return out
+
+
+def dropped_arguments(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    """A keyword argument deleted from a call that stays (same function, same callee, the positional
+    arguments not grown to take it): the callee now computes with its default for that parameter."""
+    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
+    before, after = _calls_in(old, funcs), _calls_in(new, funcs)
+    out: list[Signal] = []
+    for key, olds in before.items():
+        news = after.get(key, [])
+        if len(news) != len(olds):
+            continue
+        for o, n in zip(olds, news, strict=True):
+            if not _spans(o, cf.removed) or len(n.args) > len(o.args):
+                continue
+            if any(k.arg is None for k in n.keywords):
+                continue  # a **mapping may pass it now
+            kept = {k.arg for k in n.keywords}
+            for kw in o.keywords:
+                if kw.arg is None or kw.arg in kept or not _spans(kw, cf.removed):
+                    continue
+                out.append(
+                    Signal(
+                        GUARD,
+                        f"drops `{kw.arg}={short(kw.value, 60)}` from the call `{key[1]}(...)` in "
+                        f"{key[0].replace('<module>', 'module level')}: the callee now uses its default for "
+                        f"`{kw.arg}`",
+                        (_ev(cf, kw.lineno, "-"),),
+                        data={"kind": "argument dropped", "argument": True, "names": [kw.arg]},
+                    )
+                )
+    return out
+
+
 def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     return [
         *uninitialised(cf, old, new),
+        *dropped_arguments(cf, old, new),
         *widened(cf, old, new),
         *cuda_graph(cf, old, new),
         *precision_under_new_condition(cf, new),

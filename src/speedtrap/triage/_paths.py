@@ -81,7 +81,7 @@ def sibling_doubles(
     mine = {r.site.where for r in change.reaches}
     for use in _uses(new, func, change.factor, slot_root):
         lits = tuple(lit for g in new.guards(use) for lit in g.literals())
-        if clash(change.new_literals, lits, aliases):
+        if new.exclusive(change.new_node, use) or clash(change.new_literals, lits, aliases):
             continue
         newly = list(lits) if change.unconditional else clash(change.old_literals, lits, aliases)
         if not newly and not change.unconditional:

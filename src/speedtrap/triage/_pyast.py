@@ -223,6 +223,80 @@ class Module:
             child = anc
         return out
 
+    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
+        """Whether one run of their function executes at most one of ``a`` and ``b``: they sit in opposite
+        arms of one ``if``/``else``, conditional expression or ``match``, or one sits in an ``if`` whose
+        body ends by returning or raising and the other after that ``if`` in the same block; and no loop
+        inside that function repeats the choice (a loop could run one arm, then the other)."""
+        path_a = [a, *self.ancestors(a)]
+        ids_a = {id(n): i for i, n in enumerate(path_a)}
+        child_b: ast.AST = b
+        common: ast.AST | None = None
+        for anc in [b, *self.ancestors(b)]:
+            if id(anc) in ids_a:
+                common = anc
+                break
+            child_b = anc
+        if common is None or common is a or common is b:
+            return False
+        child_a = path_a[ids_a[id(common)] - 1]
+        if not self._arms_differ(common, (child_a, a), (child_b, b)):
+            return False
+        for anc in [common, *self.ancestors(common)]:
+            if isinstance(anc, _SCOPES):
+                return True
+            if isinstance(anc, (ast.For, ast.AsyncFor, ast.While, ast.comprehension)) and anc is not common:
+                return False
+        return False  # module level: not a function's run
+
+    def _arms_differ(self, owner: ast.AST, x: tuple[ast.AST, ast.AST], y: tuple[ast.AST, ast.AST]) -> bool:
+        """``x`` and ``y`` are (the child of ``owner`` on the way, the node itself)."""
+
+        def field_of(child: ast.AST) -> tuple[str, int]:
+            for name in owner._fields:
+                value = getattr(owner, name, None)
+                if value is child:
+                    return name, 0
+                if isinstance(value, list):
+                    for i, item in enumerate(value):
+                        if item is child:
+                            return name, i
+            return "", 0
+
+        (fx, ix), (fy, iy) = field_of(x[0]), field_of(y[0])
+        if isinstance(owner, (ast.If, ast.IfExp)):
+            return {fx, fy} == {"body", "orelse"}
+        if isinstance(owner, ast.Match):
+            return fx == fy == "cases" and ix != iy
+        # One statement of a block is an ``if`` whose body always leaves the function, holding one node in
+        # that body; the other node comes after it in the same block.
+        if fx != fy or ix == iy or not isinstance(getattr(owner, fx, None), list):
+            return False
+        if isinstance(owner, (ast.For, ast.AsyncFor, ast.While)):
+            return False
+        first, node = x if ix < iy else y
+        if not (isinstance(first, ast.If) and first.body and not first.orelse):
+            return False
+        if not isinstance(first.body[-1], (ast.Return, ast.Raise)):
+            return False
+        inside = {id(n) for n in [node, *self.ancestors(node)]}
+        return any(id(s) in inside for s in first.body)
+
+    def statement_at(self, line: int) -> ast.stmt | None:
+        """The innermost simple statement whose span includes ``line``."""
+        best: ast.stmt | None = None
+        for n in self.statements_touching({line}):
+            if hasattr(n, "body"):
+                continue
+            if best is None or (n.end_lineno or n.lineno) - n.lineno < (best.end_lineno or best.lineno) - best.lineno:
+                best = n
+        return best
+
+    def exclusive_lines(self, a: int, b: int) -> bool:
+        """``exclusive`` for the simple statements on two lines."""
+        sa, sb = self.statement_at(a), self.statement_at(b)
+        return sa is not None and sb is not None and sa is not sb and self.exclusive(sa, sb)
+
     def _early_exits(self, block_owner: ast.AST, stmt: ast.stmt) -> list[Guard]:
         out: list[Guard] = []
         for fname in ("body", "orelse", "finalbody"):

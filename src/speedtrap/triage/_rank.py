@@ -78,7 +78,7 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     for s in sig.of(GUARD):
         p = 3 if s.data.get("not_implemented") or s.data.get("replaced") or s.data.get("widened") else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if s.data.get("widened"):
+        if s.data.get("widened") or s.data.get("argument"):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
@@ -87,7 +87,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         points["scale"] = 3
         if any(s.data.get("change") in _DEFINITE and s.data.get("reaches") for s in scale):
             points["scale"] = 5  # the factor now flows (or no longer flows) into a multiply: a definite change
-        reasons.extend(f"{s.summary}: {s.data['factor']} must be applied exactly once" for s in scale[:3])
+        reasons.extend(
+            f"{s.summary}: {s.data.get('factor') or 'the scale'} must be applied exactly once" for s in scale[:3]
+        )
     for kind, label in ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph")):
         found = sig.of(kind)
         if found:

@@ -172,6 +172,11 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
                 bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
                 doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
                 missing = missing_applications(sig.identity, units, bases)
+            # One pair of sites is one claim, however many routes found it.
+            first: dict[tuple[str, str, str], DoubleApplication] = {}
+            for d in doubles:
+                first.setdefault((d.symbol, d.added.where, d.other.where), d)
+            doubles = list(first.values())
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)

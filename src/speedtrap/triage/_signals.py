@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
+from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
     GATING,
     GUARD,
@@ -87,6 +88,11 @@ def analyze(
         if not cf.is_python and _is_prose(cf.path):
             result.inert.append((cf.path, "documentation, not code"))
             continue
+        if cf.path.endswith(C_FAMILY) and cf.old_text is not None and cf.new_text is not None:
+            why_c = inert_c(cf.old_text, cf.new_text)
+            if why_c is not None:
+                result.inert.append((cf.path, why_c))
+                continue  # proven: the compiler reads the same tokens
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
             result.changed.extend(_first_changes(cf))

@@ -366,6 +366,9 @@ def double_applications(
     aliases = aliases_of(m for m in (post.module(f) for f in sorted(files)) if m is not None)
     found: list[tuple[int, int, DoubleApplication]] = []
     for a, b, text, hops in related:
+        same = post.module(a.file) if a.file == b.file and b.file in added_lines else None
+        if same is not None and same.exclusive_lines(a.line, b.line):
+            continue  # opposite arms of one choice: alternatives, not two applications
         if not _excludes(a, b, aliases):
             found.append((hops, len(found), DoubleApplication(symbol, patch, a, b, f"same path: {text}")))
     return added, [d for _, _, d in sorted(found, key=lambda t: (t[0], t[1]))]
