@@ -138,3 +138,21 @@ def test_a_url_target_with_bisect_on_fail_needs_a_stop_command(tmp_path: Path) -
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2 and "two stacks at once" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_the_hunt_asks_the_target_the_way_the_manifest_says(tmp_path: Path) -> None:
+    """The hunt's probe keeps ``probe.api`` / ``probe.model``: a vLLM router whose prompt logprobs are the prefill's
+    (``api = "vllm"``), asked the OpenAI way (``echo``), answers them from its decode and hides a prefill-only
+    culprit (measured on the real vLLM stack: tests/vllm/test_vllm_pd_gate.py named the decode's half)."""
+    from types import SimpleNamespace
+
+    from speedtrap.regress import Bound, Check, hunt_manifest
+
+    path = serve_stack(tmp_path)
+    path.write_text(path.read_text().replace('kind = "divergence"', 'kind = "divergence"\napi = "vllm"\nmodel = "m"'))
+    recording = SimpleNamespace(divergence=SETTINGS, path=tmp_path / "base.strec")
+    limit = Bound("worst.kl_p99", "<=", 0.1)
+    failed = Check("divergence worst.kl_p99", "divergence", 1.4, "<= 0.1", False, "", limit)
+    manifest = hunt_manifest(path, recording, [failed])
+    assert (manifest.probe.api, manifest.probe.model) == ("vllm", "m")
+    assert manifest.probe.reference == str(recording.path) and manifest.verdict.bound == 0.1

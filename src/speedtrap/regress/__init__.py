@@ -12,7 +12,7 @@ from speedtrap.regress._check import (
     judge_recall,
     junit_xml,
 )
-from speedtrap.regress._hunt import bisect_manifest
+from speedtrap.regress._hunt import bisect_manifest, hunt_manifest
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -21,6 +21,7 @@ __all__ = [
     "GateResult",
     "bisect_manifest",
     "build_config",
+    "hunt_manifest",
     "judge_divergence",
     "judge_recall",
     "junit_xml",

@@ -28,6 +28,30 @@ def manifest_without_rule(manifest_path: Path) -> IsolateManifest:
     return parse_manifest(data, Path(manifest_path).parent, Path(manifest_path))
 
 
+def hunt_manifest(manifest_path: Path, recording: Any, failures: Sequence[Check]) -> IsolateManifest:
+    """The manifest the hunt runs: the recording as the baseline, the first failed bound as the rule.
+
+    The manifest's ``probe.api`` and ``probe.model`` are kept: they say how the target is asked (a vLLM
+    router that takes prompt logprobs from its prefill needs ``api = "vllm"``; asked the OpenAI way, the
+    decode's echo answers them and a prefill-only culprit hides in the decode phase).
+    """
+    failed = next((c for c in failures if c.probe == "divergence"), None) or (failures[0] if failures else None)
+    if failed is None:
+        raise UsageError("nothing failed, nothing to bisect", "drop --bisect-on-fail")
+    manifest = manifest_without_rule(manifest_path)
+    api, model = manifest.probe.api, manifest.probe.model
+    if failed.limit is not None:
+        limit = failed.limit
+        probe = ProbeSpec(
+            "divergence", None, recording.divergence.to_json(), reference=str(recording.path), api=api, model=model
+        )
+        verdict = VerdictSpec.of_bound(limit, near=0.0, repeats=0)
+    else:
+        probe = ProbeSpec("recall", None, recording.recall.to_json(), api=api, model=model)
+        verdict = VerdictSpec("recall_drop", "accuracy", 0.0, "below", 0.25, manifest.verdict.repeats)
+    return dataclasses.replace(manifest, probe=probe, verdict=verdict)
+
+
 def bisect_manifest(
     manifest_path: Path,
     recording: Any,
@@ -42,17 +66,6 @@ def bisect_manifest(
     a failed recall check searches by recall with the recorded settings (rule ``recall_drop``).
     ``model``: an in-process model already loaded for the manifest's target (else it is loaded).
     """
-    failed = next((c for c in failures if c.probe == "divergence"), None) or (failures[0] if failures else None)
-    if failed is None:
-        raise UsageError("nothing failed, nothing to bisect", "drop --bisect-on-fail")
-    manifest = manifest_without_rule(manifest_path)
-    if failed.limit is not None:
-        limit = failed.limit
-        probe = ProbeSpec("divergence", None, recording.divergence.to_json(), reference=str(recording.path))
-        verdict = VerdictSpec.of_bound(limit, near=0.0, repeats=0)
-    else:
-        probe = ProbeSpec("recall", None, recording.recall.to_json())
-        verdict = VerdictSpec("recall_drop", "accuracy", 0.0, "below", 0.25, manifest.verdict.repeats)
-    manifest = dataclasses.replace(manifest, probe=probe, verdict=verdict)
+    manifest = hunt_manifest(manifest_path, recording, failures)
     loaded = model if manifest.target.in_process else None  # the gate's loaded model, when it is the same target
     return isolate(manifest, run_dir, model=loaded, progress=progress)
