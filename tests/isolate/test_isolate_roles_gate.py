@@ -13,13 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from _toml_text import toml_text
 
+from _watch import ServerWatcher, argv_has, marked
 from speedtrap.isolate import ServerOracle, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, HttpBackend, record
 
@@ -52,50 +51,9 @@ def serve_stack(tmp_path: Path) -> Path:
     return path
 
 
-class Watcher:
-    """Counts ``speedtrap serve`` processes from /proc every 0.2 s; keeps the largest count seen."""
-
-    def __init__(self) -> None:
-        self.most = 0
-        self.marker = f"{MARKER}={os.environ.get(MARKER, '')}".encode()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def count(self) -> int:
-        n = 0
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"speedtrap" in argv and b"serve" in argv and b"smol-moe" in argv and self._ours(proc):
-                n += 1
-        return n
-
-    def _ours(self, proc: Path) -> bool:
-        """Launched by this test (the marker it puts in its environment), not another session's server; the
-        launch guard (whose argv holds the server's) is not a server."""
-        try:
-            if any(a.endswith(b"_guard.py") for a in (proc / "cmdline").read_bytes().split(b"\0")):
-                return False
-            return self.marker in (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.most = max(self.most, self.count())
-            time.sleep(0.2)
-
-    def __enter__(self) -> Watcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def Watcher() -> ServerWatcher:
+    """The most `speedtrap serve` processes alive at once that this test launched (its marker in their env)."""
+    return ServerWatcher(argv_has(b"speedtrap", b"serve", b"smol-moe"), marked(MARKER, os.environ.get(MARKER, "")))
 
 
 @pytest.mark.stack

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,54 +27,17 @@ from speedtrap.isolate import ServerOracle, Status, TrialRequest, isolate, load_
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_stack
 
+from _watch import ServerWatcher, argv_has, marked
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "SPEEDTRAP_TEST_STACK"  # set by the test, inherited by every role it launches: the watcher's filter
 EXAMPLE = ROOT / "examples" / "vllm-pd" / "speedtrap.toml"
 CULPRIT = "prefill_mlp_scale@prefill"
 
 
-class ApiServers:
-    """The most vLLM API server processes seen alive at once (polled from /proc every 0.2 s)."""
-
-    def __init__(self) -> None:
-        self.most = 0
-        self.marker = f"{MARKER}={os.environ.get(MARKER, '')}".encode()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def count(self) -> int:
-        n = 0
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    argv = (proc / "cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                n += b"vllm.entrypoints.openai.api_server" in argv and self._ours(proc)
-        return n
-
-    def _ours(self, proc: Path) -> bool:
-        """Launched by this test (the marker it puts in its environment), not another session's server; the
-        launch guard (whose argv holds the server's) is not a server."""
-        try:
-            if any(a.endswith(b"_guard.py") for a in (proc / "cmdline").read_bytes().split(b"\0")):
-                return False
-            return self.marker in (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.most = max(self.most, self.count())
-            time.sleep(0.2)
-
-    def __enter__(self) -> ApiServers:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def ApiServers() -> ServerWatcher:
+    """The most vLLM API server processes alive at once that this test launched (its marker in their environment)."""
+    return ServerWatcher(argv_has(b"vllm.entrypoints.openai.api_server"), marked(MARKER, os.environ.get(MARKER, "")))
 
 
 @pytest.mark.stack
