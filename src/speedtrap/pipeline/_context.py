@@ -34,12 +34,10 @@ class Context:
 
     def in_process_model(self) -> InProcessModel:
         if self.model is None:
-            from speedtrap.isolate import load_in_process, manifest_for_target
+            from speedtrap.targets import load_target
 
-            spec = manifest_for_target(
-                str(self.source.target), self.settings.patches, dict(self.settings.overrides) or None
-            )
-            self.model = load_in_process(spec)
+            overrides = dict(self.settings.overrides) or None
+            self.model = load_target(str(self.source.target), overrides, self.settings.patches or ())
         return self.model
 
     def base_key(self) -> dict[str, Any]:
