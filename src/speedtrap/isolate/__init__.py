@@ -42,6 +42,7 @@ from speedtrap.isolate._ray import RayExecutor, TrialResources
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
     CommitPatch,
+    Conclusion,
     CulpritSet,
     Interaction,
     InteractionKind,
@@ -51,7 +52,6 @@ from speedtrap.isolate._results import (
     PatchRelation,
     Status,
     Trial,
-    Verdict,
 )
 from speedtrap.isolate._roles import RoleSpec, Stack, StackSpec, read_records
 from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
@@ -73,6 +73,7 @@ __all__ = [
     "CommitConflict",
     "CommitPatch",
     "CommitTrees",
+    "Conclusion",
     "CulpritSet",
     "Evaluator",
     "Executor",
@@ -112,7 +113,6 @@ __all__ = [
     "TrialRequest",
     "TrialResources",
     "TrialStore",
-    "Verdict",
     "VerdictSpec",
     "Worktrees",
     "build_manifest",
