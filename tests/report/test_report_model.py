@@ -60,9 +60,13 @@ def test_a_growth_point_with_null_figures_round_trips() -> None:
 
 
 def test_the_report_loads_no_stage() -> None:
-    """The shapes the report shares with isolate and localize live in ``speedtrap._shapes``: importing the
-    report loads neither torch (localize) nor the isolate's launch and HTTP machinery."""
-    stages = ("torch", "speedtrap.localize", "speedtrap.isolate", "httpx")
-    code = f"import sys, speedtrap.report; print([m for m in {stages!r} if m in sys.modules])"
+    """The report reads the stages' own result types (isolate's ``Trial``, localize's ``ScaleUnit``):
+    importing it loads their result modules only, neither torch (localize) nor isolate's launch and
+    HTTP machinery."""
+    code = (
+        "import sys, speedtrap.report; print(sorted(m for m in sys.modules if m in ('torch', 'httpx')"
+        " or m.startswith(('speedtrap.isolate', 'speedtrap.localize'))))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    loaded = ["speedtrap.isolate", "speedtrap.isolate._results", "speedtrap.localize", "speedtrap.localize._results"]
+    assert done.stdout.strip() == str(loaded)
