@@ -26,6 +26,7 @@ from speedtrap.rundir import (
 )
 
 if TYPE_CHECKING:
+    from speedtrap.isolate import IsolateManifest, IsolateResult
     from speedtrap.spec import DivergenceProbe, RecallProbe
 
 ISOLATE_KEY_FILE = "pipeline-key.json"
@@ -104,7 +105,7 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
         return probes.run_divergence(baseline, candidate, settings, progress=False).to_json()
     from speedtrap.isolate import ProbeSpec, ServerOracle, TrialRequest
 
-    manifest = ctx.manifest
+    manifest = ctx.server_manifest()
     spec = ProbeSpec(kind=typed.kind, preset=typed.preset, settings=dict(typed.settings))
     oracle = ServerOracle(manifest.target, manifest.patches, spec)
     label = f"{kind}-{patches_slug(config)}"
@@ -152,7 +153,7 @@ def summary(part: Part) -> str:
 
 
 def from_trial_report(
-    ctx: Context, spec: Any, result: Any, config: Sequence[str], label: str, role: str
+    ctx: Context, spec: IsolateManifest, result: IsolateResult, config: Sequence[str], label: str, role: str
 ) -> Part | None:
     """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
     (same settings, same seed): no second measurement."""
@@ -184,7 +185,7 @@ def _same(part: Part, key: str) -> Part:
 # -- isolation ----------------------------------------------------------------------------------
 
 
-def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
+def isolation_spec(ctx: Context, prior: Sequence[str]) -> IsolateManifest:
     from speedtrap.isolate import DEFAULT_PROBE, DEFAULT_VERDICT, manifest_for_target
 
     if ctx.source.in_process:
@@ -196,14 +197,14 @@ def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
         return manifest_for_target(
             str(ctx.source.target), searched, dict(ctx.settings.overrides), probe, DEFAULT_VERDICT, prior
         )
-    manifest = ctx.manifest
+    manifest = ctx.server_manifest()
     if manifest.prior or not prior:
         return manifest
     names = {p.name for p in manifest.patches}
     return dataclasses.replace(manifest, prior=tuple(p for p in prior if p in names))
 
 
-def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
+def isolate_stage(ctx: Context, prior: Sequence[str]) -> IsolateResult:
     """The culprit search (trials kept in ``isolate/trials.sqlite``; a rerun reuses every stored trial)."""
     from speedtrap.isolate import IsolateResult, isolate
 
