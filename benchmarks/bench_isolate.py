@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedtrap.isolate import Evaluator, FunctionOracle, Judgement, Search, ThresholdRule, TrialStore, Verdict
+from speedtrap.isolate import Conclusion, Evaluator, FunctionOracle, Judgement, Search, ThresholdRule, TrialStore
 
 V1_TAG = "3b58e38"  # main's commit (tag search-v1) still holding benchmarks/_search_v1.py
 
@@ -64,6 +64,8 @@ def load_search_v1() -> Any:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         sys.exit(f"bench_isolate: cannot read the v1 search from commit {V1_TAG} (fix: a full clone)")
+    # isolate's Verdict enum is named Conclusion since (same values); v1 imports it by its old name
+    text = text.replace("\n    Verdict,\n", "\n    Conclusion as Verdict,\n", 1)
     module = types.ModuleType("_search_v1")
     sys.modules[module.__name__] = module  # dataclasses look their module up while the class is built
     exec(compile(text, f"{V1_TAG}:benchmarks/_search_v1.py", "exec"), module.__dict__)
@@ -161,7 +163,7 @@ def count_monotone(search: Callable[..., Any], names: Sequence[str], bad: Sequen
 
     def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
         seen.update(configs)
-        return [Judgement(c, Verdict.FAIL if any(b in c for b in bad) else Verdict.PASS) for c in configs]
+        return [Judgement(c, Conclusion.FAIL if any(b in c for b in bad) else Conclusion.PASS) for c in configs]
 
     result = search(list(names), judge).run()
     if {c.patches for c in result.culprits} != {(b,) for b in bad}:

@@ -150,3 +150,32 @@ def test_the_manifest_parser_reads_the_probe_through_the_spec() -> None:
     text = '[target]\nname = "smol-moe"\n[probe]\nkind = "divergence"\nsettings = { lengths = { a = 1 } }\n'
     with pytest.raises(ManifestError, match=r"^probe\.settings\.lengths must be a number"):
         parse_manifest(tomllib.loads(text + "[verdict]\nbound = 0.1\n"), Path("/m"))
+
+
+# -- the probe package's settings come from the spec's typed probe, in one place -------------------
+
+
+def test_a_typed_probe_becomes_the_probe_packages_settings() -> None:
+    from speedtrap.probe import DivergenceSettings, RecallSettings, settings_for
+
+    quick = settings_for(parse_probe({"kind": "recall", "settings": {"lengths": [128, 1280], "samples": 3}}))
+    assert isinstance(quick, RecallSettings)
+    assert list(quick.lengths) == [128, 1280] and quick.samples == 3
+    assert quick.depths == RecallSettings.quick().depths  # the rest from the quick preset
+    default = settings_for(parse_probe({"kind": "divergence", "preset": "default"}), repeat=2)
+    assert isinstance(default, DivergenceSettings)
+    assert default.lengths == DivergenceSettings().lengths and default.seed == DivergenceSettings().seed + 2
+    with pytest.raises(UsageError, match=r"probe.settings.nope is not a field of RecallSettings"):
+        settings_for(parse_probe({"kind": "recall", "settings": {"nope": 1}}))
+
+
+def test_the_pipeline_measures_typed_probes() -> None:
+    from speedtrap.pipeline import PipelineSettings, demo_settings
+    from speedtrap.spec import DivergenceProbe, RecallProbe
+
+    settings = demo_settings()
+    recall, divergence = settings.probe("recall"), settings.probe("divergence")
+    assert isinstance(recall, RecallProbe) and isinstance(divergence, DivergenceProbe)
+    assert recall.preset == "quick" and dict(recall.settings) == dict(settings.recall)
+    with pytest.raises(UsageError, match=r"pipeline.recall.settings.lengths"):
+        PipelineSettings(recall={"lengths": {"a": 1}}).probe("recall")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from speedtrap.isolate import Judgement, Search, Verdict
+from speedtrap.isolate import Conclusion, Judgement, Search
 from speedtrap.isolate._policy import budgets
 
 DATA = Path(__file__).parent / "data" / "search_v1_counts.json"
@@ -34,7 +34,7 @@ def launches(names: Sequence[str], bad: Sequence[str], plan: str = "auto", prior
 
     def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
         seen.update(configs)
-        return [Judgement(c, Verdict.FAIL if any(b in c for b in bad) else Verdict.PASS) for c in configs]
+        return [Judgement(c, Conclusion.FAIL if any(b in c for b in bad) else Conclusion.PASS) for c in configs]
 
     result = Search(list(names), judge, plan=plan, prior=prior).run()
     assert {c.patches for c in result.culprits} == {(b,) for b in bad}
@@ -127,7 +127,7 @@ def test_a_stack_with_countless_minimal_sets_stops_at_the_trial_limit(n: int) ->
 
     def judge(configs: Sequence[tuple[str, ...]]) -> list[Judgement]:
         seen.update(configs)
-        return [Judgement(c, Verdict.FAIL if len(c) >= n // 2 else Verdict.PASS) for c in configs]
+        return [Judgement(c, Conclusion.FAIL if len(c) >= n // 2 else Conclusion.PASS) for c in configs]
 
     search = Search(names, judge)
     result = search.run()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from speedtrap.isolate import (
+    Conclusion,
     FunctionOracle,
     IsolateManifest,
     RayExecutor,
@@ -26,7 +27,6 @@ from speedtrap.isolate import (
     TargetSpec,
     TrialResources,
     TrialStore,
-    Verdict,
     VerdictSpec,
     isolate,
     load_isolate_manifest,
@@ -172,7 +172,7 @@ def test_a_worker_that_dies_every_time_is_a_failed_trial_and_the_run_still_ends(
     assert len(lost) == 1 and lost[0].status == "failed"
     assert "Ray worker died mid-trial" in (lost[0].error or "") and "died again" in (lost[0].error or "")
     assert result.status in (Status.FOUND, Status.INCONCLUSIVE)
-    assert any(j.config == victim and j.verdict is Verdict.ERROR for j in result.judgements)
+    assert any(j.config == victim and j.verdict is Conclusion.ERROR for j in result.judgements)
     # Nothing finished is lost: every other trial is in the store, and a rerun runs none of them again.
     finished = [t for t in evaluator.trials if t.status == "ok"]
     store = TrialStore(tmp_path / "run")

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speedtrap.isolate import InteractionKind, Relations, Search, Status, Verdict, minimal_transversals
+from speedtrap.isolate import Conclusion, InteractionKind, Relations, Search, Status, minimal_transversals
 
 Simulate = Callable[..., tuple[Any, int]]
 
@@ -91,8 +91,8 @@ def test_the_constructed_pair_is_reported_as_cancel(simulate: Simulate) -> None:
     (interaction,) = result.interactions
     assert interaction.kind is InteractionKind.CANCEL and interaction.patches == ("a", "b")
     verdicts = {j.config: j.verdict for j in result.judgements}
-    assert all(verdicts[cfg] is Verdict.PASS for cfg in interaction.passing)
-    assert all(verdicts[cfg] is Verdict.FAIL for cfg in interaction.failing)
+    assert all(verdicts[cfg] is Conclusion.PASS for cfg in interaction.passing)
+    assert all(verdicts[cfg] is Conclusion.FAIL for cfg in interaction.failing)
 
 
 def test_a_pair_failing_only_together_is_a_joint_culprit_set(simulate: Simulate) -> None:
@@ -102,7 +102,7 @@ def test_a_pair_failing_only_together_is_a_joint_culprit_set(simulate: Simulate)
     (joint,) = result.interactions
     assert joint.kind is InteractionKind.JOINT and set(joint.passing) == {("p1",), ("p6",)}
     verdicts = {j.config: j.verdict for j in result.judgements}
-    assert verdicts[("p1",)] is Verdict.PASS and verdicts[("p6",)] is Verdict.PASS  # each alone was tested
+    assert verdicts[("p1",)] is Conclusion.PASS and verdicts[("p6",)] is Conclusion.PASS  # each alone was tested
 
 
 def test_baseline_failing_and_full_set_passing_stop_the_search(simulate: Simulate) -> None:
@@ -260,7 +260,7 @@ def test_noise_is_repeated_and_pooled_and_a_tie_ends_inconclusive(simulate: Simu
     assert result.status is Status.INCONCLUSIVE
     full = next(j for j in result.judgements if len(j.config) == len(names))
     # its second trial came back identical: the stack is deterministic, so the third is not launched
-    assert full.verdict is Verdict.INCONCLUSIVE and len(full.trials) == 2 and "not launched" in full.note
+    assert full.verdict is Conclusion.INCONCLUSIVE and len(full.trials) == 2 and "not launched" in full.note
     assert tuple(names) in result.inconclusive
 
 

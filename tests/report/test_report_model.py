@@ -60,9 +60,32 @@ def test_a_growth_point_with_null_figures_round_trips() -> None:
 
 
 def test_the_report_loads_no_stage() -> None:
-    """The shapes the report shares with isolate and localize live in ``speedtrap._shapes``: importing the
-    report loads neither torch (localize) nor the isolate's launch and HTTP machinery."""
-    stages = ("torch", "speedtrap.localize", "speedtrap.isolate", "httpx")
-    code = f"import sys, speedtrap.report; print([m for m in {stages!r} if m in sys.modules])"
+    """The report reads the stages' own result types (isolate's ``Trial``, localize's ``ScaleUnit``):
+    importing it loads their result modules only, neither torch (localize) nor isolate's launch and
+    HTTP machinery."""
+    code = (
+        "import sys, speedtrap.report; print(sorted(m for m in sys.modules if m in ('torch', 'httpx')"
+        " or m.startswith(('speedtrap.isolate', 'speedtrap.localize'))))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    loaded = ["speedtrap.isolate", "speedtrap.isolate._results", "speedtrap.localize", "speedtrap.localize._results"]
+    assert done.stdout.strip() == str(loaded)
+
+
+def test_the_report_holds_isolates_own_trials_and_writes_the_fields_it_shows() -> None:
+    from speedtrap.isolate import Conclusion, Judgement, Outcome, Trial
+    from speedtrap.report import IsolationSection
+
+    trial = Trial(3, ("a", "b"), 1, "ok", Outcome.FAIL, {"worst.kl_p99": 0.5, "odd": float("nan")},
+                  log_path="/x/log", report_path="/x/r.json", attempts=2, probe_s=1.5)  # fmt: skip
+    judged = Judgement(("a", "b"), Conclusion.FAIL, {"worst.kl_p99": 0.5}, (3,), "pooled")
+    doc = {"status": "found", "trials": [trial.to_json()], "judgements": [judged.to_json()]}
+    section = IsolationSection.from_json(doc)
+    assert isinstance(section.trials[0], Trial) and isinstance(section.judgements[0], Judgement)
+    written = section.to_json()
+    assert written["trials"] == [
+        {"index": 3, "config": ["a", "b"], "repeat": 1, "status": "ok", "outcome": "fail",
+         "figures": {"worst.kl_p99": 0.5}, "probe_s": 1.5, "launch_s": 0.0, "reused": False, "error": None}
+    ]  # fmt: skip
+    assert written["judgements"] == [{"config": ["a", "b"], "verdict": "fail", "note": "pooled"}]
+    assert IsolationSection.from_json(json.loads(json.dumps(written))) == section

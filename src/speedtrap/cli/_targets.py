@@ -54,8 +54,7 @@ def patches(target: TargetOpt = "smol-moe", json: JsonOpt = False) -> None:
 @user_errors
 def check_equivalence_cmd(target: TargetOpt = "smol-moe", patches: PatchesOpt = None, json: JsonOpt = False) -> None:
     """Compare smol-moe (with patches) to the dense model it was built from, on fixed text."""
-    from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
-    from speedtrap.targets.smolmoe.equivalence import check_equivalence, dense_reference
+    from speedtrap.targets.smolmoe import SmolMoETarget, check_equivalence, dense_reference, dense_weights
 
     resolved = resolve_target(target)
     if not isinstance(resolved, SmolMoETarget):
@@ -92,8 +91,7 @@ def export_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Write the dense model a target is built from, for any server to serve (vLLM, SGLang, transformers)."""
-    from speedtrap.targets.smolmoe import SmolMoETarget, dense_weights
-    from speedtrap.targets.smolmoe.export import FORMATS, check_out, export_hf
+    from speedtrap.targets.smolmoe import FORMATS, SmolMoETarget, check_out, dense_weights, export_hf
 
     if not isinstance(resolve_target(target), SmolMoETarget):
         raise UsageError(f"export is defined for smol-moe only, not {target!r}", "pass --target smol-moe")

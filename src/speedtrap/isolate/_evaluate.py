@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, TrialOutcome, TrialRequest
-from speedtrap.isolate._results import Config, Judgement, Outcome, Trial, Verdict
+from speedtrap.isolate._results import Conclusion, Config, Judgement, Outcome, Trial
 from speedtrap.isolate._rules import Rule
 from speedtrap.isolate._store import TrialStore, trial_key
 
@@ -190,7 +190,7 @@ class Evaluator:
         failed = [t for t in trials if t.status != "ok"]
         if failed:
             where = f"; read its log: {failed[-1].log_path}" if failed[-1].log_path else ""
-            return Judgement(config, Verdict.ERROR, {}, indices, f"{failed[-1].error}{where}")
+            return Judgement(config, Conclusion.ERROR, {}, indices, f"{failed[-1].error}{where}")
         figures = self._implied(config, [t.figures for t in trials])
         pooled = self.rule.pool(figures)
         outcome = self.rule.judge(pooled, None if not config else self.baseline)
@@ -201,9 +201,9 @@ class Evaluator:
             note = f"{implied} repeat(s) not launched (deterministic stack): the same figures counted again"
             if outcome is Outcome.NEAR:
                 note = f"still near the threshold; {note}"
-                return Judgement(config, Verdict.INCONCLUSIVE, pooled, indices, note)
-            return Judgement(config, Verdict(outcome.value), pooled, indices, note)
+                return Judgement(config, Conclusion.INCONCLUSIVE, pooled, indices, note)
+            return Judgement(config, Conclusion(outcome.value), pooled, indices, note)
         if outcome is Outcome.NEAR:
             note = f"still near the threshold after {len(trials)} trial{'s' if len(trials) > 1 else ''}"
-            return Judgement(config, Verdict.INCONCLUSIVE, pooled, indices, note)
-        return Judgement(config, Verdict(outcome.value), pooled, indices)
+            return Judgement(config, Conclusion.INCONCLUSIVE, pooled, indices, note)
+        return Judgement(config, Conclusion(outcome.value), pooled, indices)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
+from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError, UsageError
 from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
@@ -85,24 +85,18 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
 
 
 def probe_settings(spec: ProbeSpec, repeat: int) -> Any:
-    """The probe package's settings object: preset, then the manifest's fields; repeats shift the seed."""
+    """The probe package's settings object (``probe.settings_for`` on the spec's typed probe): preset,
+    then the manifest's fields; repeats shift the seed."""
     from speedtrap import probe
+    from speedtrap.spec import DivergenceProbe, RecallProbe
 
-    cls = probe.DivergenceSettings if spec.kind == "divergence" else probe.RecallSettings
-    settings = cls.quick() if spec.preset == "quick" else cls()
-    names = {f.name for f in dataclasses.fields(settings)}
-    for key in spec.settings:
-        if key not in names:
-            raise ManifestError(
-                f"probe.settings.{key} is not a field of {cls.__name__}", f"use: {', '.join(sorted(names))}"
-            )
-    values = dict(spec.settings)
-    if repeat and "seed" in names:
-        values["seed"] = int(values.get("seed", getattr(settings, "seed", 0))) + repeat
+    cls = DivergenceProbe if spec.kind == "divergence" else RecallProbe
+    kind = "divergence" if spec.kind == "divergence" else "recall"
+    typed = cls.model_construct(kind=kind, preset=spec.preset, settings=dict(spec.settings))  # checked by the loader
     try:
-        return dataclasses.replace(settings, **values)
-    except (TypeError, ValueError) as exc:
-        raise ManifestError(f"probe.settings: {exc}", "check the field types") from None
+        return probe.settings_for(typed, repeat)
+    except UsageError as exc:
+        raise ManifestError(exc.problem, exc.fix) from None
 
 
 def report_figures(kind: str, report: Any) -> dict[str, float]:

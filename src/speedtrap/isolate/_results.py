@@ -23,8 +23,9 @@ class Outcome(enum.StrEnum):
     NEAR = "near"  # too close to the threshold to call: repeat
 
 
-class Verdict(enum.StrEnum):
-    """A configuration's final verdict."""
+class Conclusion(enum.StrEnum):
+    """What the search concludes about a configuration (stored as a judgement's ``verdict`` field, under
+    the same values as before the rename). Not the spec's ``Verdict``, the rule that judges figures."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -35,7 +36,7 @@ class Verdict(enum.StrEnum):
     @property
     def bad(self) -> bool:
         """Not a clean pass: the search looks inside such a configuration."""
-        return self in (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.ERROR)
+        return self in (Conclusion.FAIL, Conclusion.INCONCLUSIVE, Conclusion.ERROR)
 
 
 def _config(value: Any) -> Config:
@@ -110,7 +111,7 @@ class Judgement:
     """A configuration's verdict, from one or more trials (repeats pool their figures)."""
 
     config: Config
-    verdict: Verdict
+    verdict: Conclusion
     figures: dict[str, float] = field(default_factory=dict)  # pooled over the repeats
     trials: tuple[int, ...] = ()  # Trial.index of each trial behind it
     note: str = ""
@@ -128,7 +129,7 @@ class Judgement:
     def from_json(cls, d: dict[str, Any]) -> Judgement:
         return cls(
             config=_config(d["config"]),
-            verdict=Verdict(d["verdict"]),
+            verdict=Conclusion(d["verdict"]),
             figures={str(k): float(v) for k, v in d.get("figures", {}).items()},
             trials=tuple(int(t) for t in d.get("trials", [])),
             note=str(d.get("note", "")),

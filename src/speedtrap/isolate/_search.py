@@ -53,6 +53,7 @@ from speedtrap._errors import UsageError
 from speedtrap.isolate._policy import MAX_PATCHES, policy_for
 from speedtrap.isolate._relations import Relations, minimal_transversals
 from speedtrap.isolate._results import (
+    Conclusion,
     Config,
     CulpritSet,
     Interaction,
@@ -60,7 +61,6 @@ from speedtrap.isolate._results import (
     IsolateResult,
     Judgement,
     Status,
-    Verdict,
 )
 
 PLANS = ("auto", "table", "bisect", "singles")
@@ -137,7 +137,7 @@ class Search:
                 continue
             clash = self.relations.conflict(frozenset(c))
             if clash is not None:
-                self._remember(Judgement(c, Verdict.SKIPPED, note=f"{clash[0]} conflicts with {clash[1]}"))
+                self._remember(Judgement(c, Conclusion.SKIPPED, note=f"{clash[0]} conflicts with {clash[1]}"))
             else:
                 todo.append(c)
         if todo and self._discovering and len(self.memo) >= self.max_trials:
@@ -179,17 +179,17 @@ class Search:
             return self._stop(Status.FULL_PASSES, "no patch can be switched: nothing to search")
         # With spare slots: the full set, then single patches (likely suspects first) in the same round.
         base = self.consider_ahead([()], [order, *([p] for p in order)])[0]
-        if base.verdict is not Verdict.PASS:
-            if base.verdict is Verdict.FAIL:
+        if base.verdict is not Conclusion.PASS:
+            if base.verdict is Conclusion.FAIL:
                 return self._stop(Status.BASELINE_FAILS, "the baseline (no patch on) already fails: no patch to blame")
             why = f" ({base.note})" if base.note else ""
             return self._stop(
                 _status(base.verdict), f"the baseline's verdict is {base.verdict.value}: cannot search{why}"
             )
         full = self.consider(order)
-        if full.verdict is Verdict.PASS:
+        if full.verdict is Conclusion.PASS:
             return self._stop(Status.FULL_PASSES, "the full set of patches does not fail: nothing to isolate")
-        if full.verdict is not Verdict.FAIL:
+        if full.verdict is not Conclusion.FAIL:
             why = f" ({full.note})" if full.note else ""
             return self._stop(
                 _status(full.verdict), f"the full set's verdict is {full.verdict.value}: cannot search{why}"
@@ -226,7 +226,7 @@ class Search:
                 if verdict.bad:
                     # Follow clean fails; only a context that is itself inconclusive is searched for
                     # the inconclusive patches in it (reported unconfirmed).
-                    wanted = _fails if verdict is Verdict.FAIL else _bad
+                    wanted = _fails if verdict is Conclusion.FAIL else _bad
                     # A patch of the context already measured to fail alone is a minimal set: no bisection.
                     found_set = self._failing_single(ctx, found) if wanted is _fails else None
                     if found_set is None and wanted is _fails and self.plan == "singles":
@@ -254,7 +254,7 @@ class Search:
     def _failing_single(self, ctx: list[str], found: list[Config]) -> list[str] | None:
         for p in ctx:
             j = self.memo.get(self.canonical([p]))
-            if j is not None and j.verdict is Verdict.FAIL and j.config not in found:
+            if j is not None and j.verdict is Conclusion.FAIL and j.config not in found:
                 return [p]
         return None
 
@@ -361,7 +361,7 @@ class Search:
         self._spent += 1
         if s <= 1 or len(span) == 1:
             first = cands[span[0]]
-            if self.consider([first]).verdict is Verdict.FAIL:
+            if self.consider([first]).verdict is Conclusion.FAIL:
                 return ("culprit", span[0] + 1)
             return ("pass", 0)
         return ("point", span[s - 1] + 1)
@@ -384,14 +384,14 @@ class Search:
         """The first patch of ``span`` that fails alone (one per trial, or ``capacity`` per round)."""
         for p in span:
             j = self.memo.get(self.canonical([p]))
-            if j is not None and j.verdict is Verdict.FAIL:
+            if j is not None and j.verdict is Conclusion.FAIL:
                 return p
         todo = self._untested_singles(span)
         for start in range(0, len(todo), self.capacity):
             self._report(len(todo) - start, "singles")
             batch = todo[start : start + self.capacity]
             for p, j in zip(batch, self.consider_many([[p] for p in batch]), strict=True):
-                if j.verdict is Verdict.FAIL:
+                if j.verdict is Conclusion.FAIL:
                     return p
         return None
 
@@ -448,7 +448,7 @@ class Search:
                 self.consider_many([*contexts.values(), *pairs_ahead, fixed_ahead])
             self.consider_many(list(contexts.values()))
             for m in checked:
-                if self.consider(contexts[m]).verdict is Verdict.PASS:
+                if self.consider(contexts[m]).verdict is Conclusion.PASS:
                     rest = [p for p in order if p in contexts[m] and p not in m]
                     fixers = self.canonical(self._minimal(list(m), rest, _passes, infer=False) or rest)
                     both = self.canonical([*m, *fixers])
@@ -468,7 +468,7 @@ class Search:
             pair_ctx = {pair: self.canonical(self._context(order, live, list(pair))) for pair in pairs}
             self.consider_many(list(pair_ctx.values()))
             for (a, b), ctx in pair_ctx.items():
-                if self.consider(ctx).verdict is Verdict.PASS:
+                if self.consider(ctx).verdict is Conclusion.PASS:
                     interactions.append(
                         Interaction(
                             InteractionKind.CANCEL,
@@ -481,11 +481,11 @@ class Search:
                     )
                     removed.update((a, b))
         culprits = [m for m in sets if m not in removed]
-        result = [CulpritSet(m, self.memo[m].verdict is Verdict.FAIL, self._note(m)) for m in culprits]
+        result = [CulpritSet(m, self.memo[m].verdict is Conclusion.FAIL, self._note(m)) for m in culprits]
         if culprits:
             fixed = self._without(order, {p for m in culprits for p in m})
             verdict = self.consider(fixed).verdict
-            if verdict is not Verdict.PASS:
+            if verdict is not Conclusion.PASS:
                 self.notes.append(
                     f"without the culprits the configuration {{{', '.join(fixed)}}} is {verdict.value}, not pass"
                 )
@@ -503,7 +503,7 @@ class Search:
         return not wanted(again)
 
     def _confirmed(self, m: Config) -> bool:
-        return self.consider(m).verdict is Verdict.FAIL
+        return self.consider(m).verdict is Conclusion.FAIL
 
     def _ensure_one_minimal(self, m: Config) -> Config:
         """Dropping any one patch of a set of two or more must make it pass; test it, refine if not."""
@@ -534,9 +534,9 @@ class Search:
     def _known_pass(self, names: Iterable[str]) -> bool:
         """A subset of a passing configuration passes, unless that pass is contradicted by a failing subset."""
         wanted = set(self.canonical(names))
-        fails = [set(cfg) for cfg, j in self.memo.items() if j.verdict is Verdict.FAIL]
+        fails = [set(cfg) for cfg, j in self.memo.items() if j.verdict is Conclusion.FAIL]
         return any(
-            j.verdict is Verdict.PASS and wanted <= set(cfg) and not any(f <= set(cfg) for f in fails)
+            j.verdict is Conclusion.PASS and wanted <= set(cfg) and not any(f <= set(cfg) for f in fails)
             for cfg, j in self.memo.items()
         )
 
@@ -550,7 +550,7 @@ class Search:
         j = self.memo[m]
         needs = [f"{x} requires {', '.join(self.relations.requires[x])}" for x in m if self.relations.requires.get(x)]
         extra = f" ({'; '.join(needs)})" if needs else ""
-        if j.verdict is Verdict.FAIL:
+        if j.verdict is Conclusion.FAIL:
             return ("fails alone; every patch of it is needed" if len(m) > 1 else "fails alone") + extra
         return f"its own verdict is {j.verdict.value}{extra}"
 
@@ -578,7 +578,7 @@ class Search:
                 message = "no single culprit: the failures come from interactions"
             else:
                 message = "no culprit set could be confirmed"
-        bad = tuple(j.config for j in self.considered if j.verdict in (Verdict.INCONCLUSIVE, Verdict.ERROR))
+        bad = tuple(j.config for j in self.considered if j.verdict in (Conclusion.INCONCLUSIVE, Conclusion.ERROR))
         self._report(0, "done")
         return IsolateResult(
             status=status,
@@ -613,11 +613,11 @@ def _bad(j: Judgement) -> bool:
 
 
 def _fails(j: Judgement) -> bool:
-    return j.verdict is Verdict.FAIL
+    return j.verdict is Conclusion.FAIL
 
 
 def _passes(j: Judgement) -> bool:
-    return j.verdict is Verdict.PASS
+    return j.verdict is Conclusion.PASS
 
 
 def _pick_plan(n: int, capacity: int) -> str:
@@ -625,5 +625,5 @@ def _pick_plan(n: int, capacity: int) -> str:
     return "table" if capacity == 1 and 1 <= n <= MAX_PATCHES else "bisect"
 
 
-def _status(verdict: Verdict) -> Status:
-    return Status.ERROR if verdict is Verdict.ERROR else Status.INCONCLUSIVE
+def _status(verdict: Conclusion) -> Status:
+    return Status.ERROR if verdict is Conclusion.ERROR else Status.INCONCLUSIVE

@@ -21,7 +21,7 @@ from typing import Any
 from speedtrap._cache import cache_root
 from speedtrap._errors import ManifestError
 from speedtrap.isolate._commits import CommitTrees, git, history, open_repo, resolve_commits, resolve_rev
-from speedtrap.isolate._results import CommitPatch, Config, Judgement, PatchRelation, Verdict
+from speedtrap.isolate._results import CommitPatch, Conclusion, Config, Judgement, PatchRelation
 from speedtrap.isolate._spec import PatchSpec, TargetSpec
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
@@ -223,7 +223,9 @@ class ApplyingJudge:
         for c in configs:
             if not self.worktrees.applies(c):
                 self.skipped.append(c)
-                out[c] = Judgement(c, Verdict.SKIPPED, note="conflicts: its commits do not apply together on the base")
+                out[c] = Judgement(
+                    c, Conclusion.SKIPPED, note="conflicts: its commits do not apply together on the base"
+                )
         rest = [c for c in configs if c not in out]
         if rest:
             out.update(zip(rest, self.judge(rest), strict=True))

@@ -7,9 +7,9 @@ scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applicatio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from speedtrap._shapes import LayerGrowth
-from speedtrap.localize._inputs import default_ids
-from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
 from speedtrap.localize._results import (
     ConsumerFit,
     LayerDiffResult,
@@ -18,7 +18,11 @@ from speedtrap.localize._results import (
     ScaleCheckResult,
     ScaleUnit,
 )
-from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
+
+if TYPE_CHECKING:
+    from speedtrap.localize._inputs import default_ids
+    from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
+    from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
 
 __all__ = [
     "DEFAULT_PARAM",
@@ -35,3 +39,22 @@ __all__ = [
     "layer_diff",
     "shared_copy",
 ]
+
+# The rest loads on first use, so that reading the result types loads no stage machinery.
+_LAZY = {
+    "DEFAULT_PARAM": "speedtrap.localize._scale",
+    "DEFAULT_THRESHOLD": "speedtrap.localize._layers",
+    "check_scale": "speedtrap.localize._scale",
+    "default_ids": "speedtrap.localize._inputs",
+    "layer_diff": "speedtrap.localize._layers",
+    "shared_copy": "speedtrap.localize._layers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of a module not loaded yet: its module is imported on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

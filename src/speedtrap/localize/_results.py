@@ -196,9 +196,9 @@ class ScaleUnit:
         return cls(
             module=str(data["module"]),
             layer=None if data.get("layer") is None else int(data["layer"]),
-            measured=str(data["measured"]),
-            consumers=tuple(ConsumerFit.from_json(c) for c in data["consumers"]),
-            norms=tuple(float(n) for n in data["norms"]),
+            measured=str(data.get("measured", "")),  # the report keeps the fields it shows, not these
+            consumers=tuple(ConsumerFit.from_json(c) for c in data.get("consumers", [])),
+            norms=tuple(float(n) for n in data.get("norms", [])),
             exponent=data.get("exponent"),
             fit_residual=data.get("fit_residual"),
             shape_residual=data.get("shape_residual"),

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from speedtrap._errors import SpeedtrapError
 from speedtrap.pipeline._settings import PipelineSettings, stable_key
 from speedtrap.progress import Progress
 from speedtrap.report import Part, RunRecord, Source, load_part, save_part
 
 if TYPE_CHECKING:
+    from speedtrap.isolate import IsolateManifest
     from speedtrap.targets import InProcessModel
 
 
@@ -25,7 +27,7 @@ class Context:
     record: RunRecord
     progress: Progress
     model: InProcessModel | None = None  # loaded on first use (a fully reused run never loads it)
-    manifest: Any = None  # the IsolateManifest of a --manifest run
+    manifest: IsolateManifest | None = None  # a --manifest run's
     reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
     computed: list[str] = field(default_factory=list)
 
@@ -34,13 +36,17 @@ class Context:
 
     def in_process_model(self) -> InProcessModel:
         if self.model is None:
-            from speedtrap.isolate import load_in_process, manifest_for_target
+            from speedtrap.targets import load_target
 
-            spec = manifest_for_target(
-                str(self.source.target), self.settings.patches, dict(self.settings.overrides) or None
-            )
-            self.model = load_in_process(spec)
+            overrides = dict(self.settings.overrides) or None
+            self.model = load_target(str(self.source.target), overrides, self.settings.patches or ())
         return self.model
+
+    def server_manifest(self) -> IsolateManifest:
+        """The manifest of a ``--manifest`` run (read before any stage runs)."""
+        if self.manifest is None:
+            raise SpeedtrapError("this run has no manifest", "pass --manifest speedtrap.toml")
+        return self.manifest
 
     def base_key(self) -> dict[str, Any]:
         """What every measured part depends on besides its own configuration."""

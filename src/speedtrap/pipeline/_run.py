@@ -189,4 +189,4 @@ def _all_patches(ctx: Context) -> tuple[str, ...]:
         from speedtrap.targets import resolve_target
 
         return tuple(i.name for i in resolve_target(str(ctx.source.target)).patch_infos())
-    return tuple(p.name for p in ctx.manifest.patches if not p.ungated)
+    return tuple(p.name for p in ctx.server_manifest().patches if not p.ungated)

@@ -6,7 +6,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from speedtrap.spec import DivergenceProbe, RecallProbe
 
 # Measured on smol-moe on the 2-core CPU machine (see the README's demo section): the quick demo
 # fits in 5 minutes from a fresh clone, GGUF conversion included.
@@ -39,6 +42,16 @@ class PipelineSettings:
         if self.localize_tokens is not None:
             return self.localize_tokens
         return QUICK_LOCALIZE_TOKENS if self.quick else FULL_LOCALIZE_TOKENS
+
+    def probe(self, kind: Literal["divergence", "recall"]) -> DivergenceProbe | RecallProbe:
+        """The spec's typed probe of ``kind`` this run measures: the preset, then the settings' fields
+        (a bad key or value is one line naming it)."""
+        from speedtrap.spec import DivergenceProbe, RecallProbe, parse_probe
+
+        fields = self.recall if kind == "recall" else self.divergence
+        typed = parse_probe({"kind": kind, "preset": self.preset, "settings": dict(fields)}, f"pipeline.{kind}")
+        assert isinstance(typed, DivergenceProbe | RecallProbe)
+        return typed
 
     def to_json(self) -> dict[str, Any]:
         return {

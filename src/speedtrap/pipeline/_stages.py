@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from speedtrap._errors import SpeedtrapError
 from speedtrap.pipeline._context import Context
@@ -25,7 +25,12 @@ from speedtrap.rundir import (
     scale_path,
 )
 
+if TYPE_CHECKING:
+    from speedtrap.isolate import IsolateManifest, IsolateResult
+    from speedtrap.spec import DivergenceProbe, RecallProbe
+
 ISOLATE_KEY_FILE = "pipeline-key.json"
+Kind = Literal["divergence", "recall"]
 
 # -- triage -------------------------------------------------------------------------------------
 
@@ -75,32 +80,37 @@ def why_no_chat(ctx: Context) -> str | None:
     return None
 
 
-def _probe_spec(ctx: Context, kind: str) -> Any:
-    from speedtrap.isolate import ProbeSpec
+def identity(probe: DivergenceProbe | RecallProbe) -> dict[str, Any]:
+    """What a stored probe part depends on (the shape of isolate's probe identity, so a divergence part
+    and isolation's own trial of the same probe are known to be one measurement)."""
+    return {"kind": probe.kind, "preset": probe.preset, "settings": dict(probe.settings), "argv": []}
 
-    settings = ctx.settings.recall if kind == "recall" else ctx.settings.divergence
-    return ProbeSpec(kind=kind, preset=ctx.settings.preset, settings=dict(settings))
 
+def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any]:
+    """One probe run of one configuration: in-process, the probe package on the loaded model; a
+    manifest's server, isolate's server oracle (it launches and stops the server). The probe's report
+    comes back in memory, typed as its JSON."""
+    from speedtrap import probe as probes
 
-def _measure(ctx: Context, kind: str, config: tuple[str, ...]) -> dict[str, Any]:
-    """One probe run of one configuration, through isolate's oracles (in-process or a launched server);
-    the probe's report comes back in memory, typed as its JSON."""
-    from speedtrap.isolate import InProcessOracle, ServerOracle, TrialRequest
-
-    spec = _probe_spec(ctx, kind)
-    oracle: Any
+    typed = ctx.settings.probe(kind)
+    config = tuple(sorted(config))
     if ctx.source.in_process:
-        from speedtrap.isolate import TargetSpec
+        model = ctx.in_process_model()
+        settings = probes.settings_for(typed)
+        candidate = probes.InProcessBackend(model, list(config))
+        if isinstance(settings, probes.RecallSettings):
+            return probes.run_recall(candidate, settings, progress=False).to_json()
+        assert isinstance(settings, probes.DivergenceSettings)
+        baseline = probes.InProcessBackend(model, [])
+        return probes.run_divergence(baseline, candidate, settings, progress=False).to_json()
+    from speedtrap.isolate import ProbeSpec, ServerOracle, TrialRequest
 
-        target = TargetSpec(name=ctx.source.target, overrides=tuple(sorted(ctx.settings.overrides.items())))
-        oracle = InProcessOracle(ctx.in_process_model(), target, spec)
-    else:
-        manifest = ctx.manifest
-        oracle = ServerOracle(manifest.target, manifest.patches, spec)
+    manifest = ctx.server_manifest()
+    spec = ProbeSpec(kind=typed.kind, preset=typed.preset, settings=dict(typed.settings))
+    oracle = ServerOracle(manifest.target, manifest.patches, spec)
     label = f"{kind}-{patches_slug(config)}"
-    workdir = ctx.run_dir / PROBES_DIR / ".logs" if not ctx.source.in_process else None  # server logs only
     try:
-        measurement = oracle.measure(TrialRequest(tuple(sorted(config)), 0, workdir, label), 1)
+        measurement = oracle.measure(TrialRequest(config, 0, ctx.run_dir / PROBES_DIR / ".logs", label), 1)
     finally:
         oracle.close()
     if measurement.report is None:
@@ -108,17 +118,17 @@ def _measure(ctx: Context, kind: str, config: tuple[str, ...]) -> dict[str, Any]
     return measurement.report
 
 
-def probe(ctx: Context, kind: str, label: str, role: str, config: Sequence[str]) -> Part:
+def probe(ctx: Context, kind: Kind, label: str, role: str, config: Sequence[str]) -> Part:
     """Recall or divergence of one configuration (stored as ``probes/<kind>-<slug>.json``)."""
     patches = tuple(config)
-    spec = _probe_spec(ctx, kind)
+    typed = ctx.settings.probe(kind)
     path = recall_path(ctx.run_dir, patches) if kind == "recall" else divergence_path(ctx.run_dir, patches)
-    command = (commands.recall if kind == "recall" else commands.divergence)(ctx.source, patches, spec.settings)
+    command = (commands.recall if kind == "recall" else commands.divergence)(ctx.source, patches, typed.settings)
 
     def make(key: str) -> Part:
         return Part(kind, _measure(ctx, kind, patches), label, role, patches, command)
 
-    part = ctx.part(path, (kind, spec.identity(), sorted(patches)), make)
+    part = ctx.part(path, (kind, identity(typed), sorted(patches)), make)
     if part.label != label or part.role != role:  # the same measurement, seen in another role this time
         part = dataclasses.replace(part, label=label, role=role)
         from speedtrap.report import save_part
@@ -143,12 +153,12 @@ def summary(part: Part) -> str:
 
 
 def from_trial_report(
-    ctx: Context, spec: Any, result: Any, config: Sequence[str], label: str, role: str
+    ctx: Context, spec: IsolateManifest, result: IsolateResult, config: Sequence[str], label: str, role: str
 ) -> Part | None:
     """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
     (same settings, same seed): no second measurement."""
-    mine = _probe_spec(ctx, "divergence")
-    if spec.probe.identity() != mine.identity():
+    mine = ctx.settings.probe("divergence")
+    if spec.probe.identity() != identity(mine):
         return None
     wanted = tuple(sorted(config))
     for trial in result.trials:
@@ -164,7 +174,7 @@ def from_trial_report(
             extra={"from_trial": trial.index},
         )  # fmt: skip
         path = divergence_path(ctx.run_dir, patches)
-        return ctx.part(path, ("divergence", mine.identity(), sorted(patches)), partial(_same, part))
+        return ctx.part(path, ("divergence", identity(mine), sorted(patches)), partial(_same, part))
     return None
 
 
@@ -175,25 +185,26 @@ def _same(part: Part, key: str) -> Part:
 # -- isolation ----------------------------------------------------------------------------------
 
 
-def isolation_spec(ctx: Context, prior: Sequence[str]) -> Any:
+def isolation_spec(ctx: Context, prior: Sequence[str]) -> IsolateManifest:
     from speedtrap.isolate import DEFAULT_PROBE, DEFAULT_VERDICT, manifest_for_target
 
     if ctx.source.in_process:
-        probe = dataclasses.replace(DEFAULT_PROBE, preset=ctx.settings.preset, settings=dict(ctx.settings.divergence))
+        typed = ctx.settings.probe("divergence")
+        probe = dataclasses.replace(DEFAULT_PROBE, preset=typed.preset, settings=dict(typed.settings))
         searched = ctx.settings.patches
         names = set(searched) if searched is not None else None
         prior = [p for p in prior if names is None or p in names]
         return manifest_for_target(
             str(ctx.source.target), searched, dict(ctx.settings.overrides), probe, DEFAULT_VERDICT, prior
         )
-    manifest = ctx.manifest
+    manifest = ctx.server_manifest()
     if manifest.prior or not prior:
         return manifest
     names = {p.name for p in manifest.patches}
     return dataclasses.replace(manifest, prior=tuple(p for p in prior if p in names))
 
 
-def isolate_stage(ctx: Context, prior: Sequence[str]) -> Any:
+def isolate_stage(ctx: Context, prior: Sequence[str]) -> IsolateResult:
     """The culprit search (trials kept in ``isolate/trials.sqlite``; a rerun reuses every stored trial)."""
     from speedtrap.isolate import IsolateResult, isolate
 

@@ -35,6 +35,7 @@ from speedtrap.probe._recording_format import FORMAT as RECORDING_FORMAT
 from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
 from speedtrap.probe._recording_format import RecordingError, add_extension
 from speedtrap.probe._repeat import Finding, RepeatReport, RepeatSettings, arun_repeat, run_repeat
+from speedtrap.probe._spec import ProbeSettings, settings_for
 from speedtrap.probe._stats import KLStats
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "KLStats",
     "NoiseFloor",
     "PhaseDivergence",
+    "ProbeSettings",
     "PromptLogprobs",
     "RecallCell",
     "RecallComparison",
@@ -89,6 +91,7 @@ __all__ = [
     "run_divergence",
     "run_recall",
     "run_repeat",
+    "settings_for",
     "top_logprobs",
     "wilson",
 ]

@@ -26,11 +26,11 @@ from speedtrap.report._model import (
 from speedtrap.report._stages import (
     CommitRow,
     IsolationSection,
-    JudgementRow,
     LayerSection,
-    ScaleRow,
     ScaleSection,
-    TrialRow,
+    shown_judgement,
+    shown_scale_unit,
+    shown_trial,
 )
 
 
@@ -130,8 +130,8 @@ def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSec
         bound=bound,
         culprits=tuple(CulpritSet.from_json(dict(c)) for c in doc.get("culprits", [])),
         interactions=tuple(InteractionNote.from_json(dict(i)) for i in doc.get("interactions", [])),
-        trials=tuple(TrialRow.from_json(dict(t)) for t in doc.get("trials", [])),
-        judgements=tuple(JudgementRow.from_json(dict(j)) for j in doc.get("judgements", [])),
+        trials=tuple(shown_trial(t) for t in doc.get("trials", [])),
+        judgements=tuple(shown_judgement(j) for j in doc.get("judgements", [])),
         launches=int(doc.get("launches", 0)),
         reused=int(doc.get("reused", 0)),
         notes=tuple(str(n) for n in doc.get("notes", [])),
@@ -194,7 +194,7 @@ def layer_section(doc: Mapping[str, Any], command: str = "") -> LayerSection:
 
 
 def scale_section(doc: Mapping[str, Any], command: str = "") -> ScaleSection:
-    rows = tuple(ScaleRow.from_json(dict(u)) for u in doc["units"])
+    rows = tuple(shown_scale_unit(u) for u in doc["units"])
     exactly_once = bool(doc.get("exactly_once", bool(rows) and all(r.times == 1 for r in rows)))
     return ScaleSection(
         str(doc["param"]),

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from speedtrap._errors import SpeedtrapError, StoreError, UsageError
+from speedtrap.isolate import Trial
 from speedtrap.report import _adapt, _commands
 from speedtrap.report._data import MissingPart, ReportData, RunInfo, StageInfo
 from speedtrap.report._model import DivergenceRun, RecallRun, TriageSection
 from speedtrap.report._plan import with_figures
-from speedtrap.report._stages import IsolationSection, Localization, TrialRow
+from speedtrap.report._stages import IsolationSection, Localization, shown_trial
 from speedtrap.report._verdict import build_verdict
 from speedtrap.rundir import (
     ISOLATE_DIR,
@@ -158,14 +159,11 @@ def _probes(r: _Reader, all_patches: tuple[str, ...]) -> tuple[list[RecallRun], 
     return [x for _, x in recall], [x for _, x in divergence]
 
 
-def _trials_from_store(isolate_dir: Path) -> list[TrialRow]:
+def _trials_from_store(isolate_dir: Path) -> list[Trial]:
     """Trials a killed isolation left in its store, read through isolate's public reader."""
     from speedtrap.isolate import stored_trials
 
-    return [
-        TrialRow.from_json({**t.to_json(), "index": i, "reused": False})
-        for i, t in enumerate(stored_trials(isolate_dir))
-    ]
+    return [shown_trial({**t.to_json(), "index": i, "reused": False}) for i, t in enumerate(stored_trials(isolate_dir))]
 
 
 def _isolation(r: _Reader, isolate_dir: Path) -> IsolationSection | None:

@@ -1,74 +1,58 @@
-"""The report's view of isolation (the search's trial log) and localization (layers, scale exponents)."""
+"""The report's view of isolation (the search's trial log) and localization (layers, scale exponents).
+
+Trials, judgements and scale units are the stages' own types (``speedtrap.isolate.Trial``,
+``Judgement``, ``speedtrap.localize.ScaleUnit``), read with their own ``from_json``; the report keeps
+and writes the fields it shows (``TRIAL_SHOWN`` ...). Importing them loads only the stages' result
+modules (their packages load the rest on first use)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from speedtrap._shapes import CulpritSet, LayerGrowth
+from speedtrap.isolate import Judgement, Trial
+from speedtrap.localize import ScaleUnit
 from speedtrap.report._model import InteractionNote, _f, _strs
 
 # -- isolation ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TrialRow:
-    """One trial of the search: a configuration probed once (a server launch for server targets)."""
-
-    index: int
-    config: tuple[str, ...]
-    repeat: int
-    status: str  # ok | failed
-    outcome: str | None  # pass | fail | near (None when the trial failed to run)
-    figures: dict[str, float] = field(default_factory=dict)
-    probe_s: float = 0.0
-    launch_s: float = 0.0
-    reused: bool = False
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "config": list(self.config),
-            "repeat": self.repeat,
-            "status": self.status,
-            "outcome": self.outcome,
-            "figures": dict(self.figures),
-            "probe_s": self.probe_s,
-            "launch_s": self.launch_s,
-            "reused": self.reused,
-            "error": self.error,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TrialRow:
-        figures = {str(k): v for k, v in ((k, _f(v)) for k, v in (d.get("figures") or {}).items()) if v is not None}
-        return cls(
-            int(d["index"]),
-            _strs(d.get("config")),
-            int(d.get("repeat", 0)),
-            str(d.get("status", "ok")),
-            None if d.get("outcome") is None else str(d["outcome"]),
-            figures,
-            float(d.get("probe_s", 0.0) or 0.0),
-            float(d.get("launch_s", 0.0) or 0.0),
-            bool(d.get("reused", False)),
-            None if d.get("error") is None else str(d["error"]),
-        )
+TRIAL_SHOWN = ("index", "config", "repeat", "status", "outcome", "figures", "probe_s", "launch_s", "reused", "error")
+JUDGEMENT_SHOWN = ("config", "verdict", "note")
+SCALE_SHOWN = ("module", "layer", "exponent", "times", "verdict")
 
 
-@dataclass(frozen=True)
-class JudgementRow:
-    config: tuple[str, ...]
-    verdict: str  # pass | fail | inconclusive | error | skipped
-    note: str = ""
+def _shown(doc: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The fields of a stage's JSON the report shows (and writes), in its order."""
+    return {k: doc[k] for k in keys if k in doc}
 
-    def to_json(self) -> dict[str, Any]:
-        return {"config": list(self.config), "verdict": self.verdict, "note": self.note}
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> JudgementRow:
-        return cls(_strs(d.get("config")), str(d["verdict"]), str(d.get("note", "")))
+def shown_trial(doc: Mapping[str, Any]) -> Trial:
+    """isolate's own ``Trial`` from its JSON, with the fields the report shows; a figure that is not a
+    finite number is left out (JSON has no NaN), a missing time is 0."""
+    d = _shown(doc, TRIAL_SHOWN)
+    d["figures"] = {str(k): v for k, v in ((k, _f(v)) for k, v in (d.get("figures") or {}).items()) if v is not None}
+    d.setdefault("repeat", 0)
+    d.setdefault("status", "ok")
+    d["probe_s"], d["launch_s"] = float(d.get("probe_s") or 0.0), float(d.get("launch_s") or 0.0)
+    d["error"] = None if d.get("error") is None else str(d["error"])
+    return Trial.from_json(d)
+
+
+def shown_judgement(doc: Mapping[str, Any]) -> Judgement:
+    """isolate's own ``Judgement`` from its JSON, with the fields the report shows."""
+    return Judgement.from_json(_shown(doc, JUDGEMENT_SHOWN))
+
+
+def shown_scale_unit(doc: Mapping[str, Any]) -> ScaleUnit:
+    """localize's own ``ScaleUnit`` from its JSON, with the fields the report shows (a non-finite
+    exponent is None)."""
+    d = _shown(doc, SCALE_SHOWN)
+    d["exponent"] = _f(d.get("exponent"))
+    d.setdefault("verdict", "")
+    return ScaleUnit.from_json(d)
 
 
 @dataclass(frozen=True)
@@ -110,8 +94,8 @@ class IsolationSection:
     bound: float | None
     culprits: tuple[CulpritSet, ...]
     interactions: tuple[InteractionNote, ...]
-    trials: tuple[TrialRow, ...]
-    judgements: tuple[JudgementRow, ...] = ()
+    trials: tuple[Trial, ...]
+    judgements: tuple[Judgement, ...] = ()
     launches: int = 0
     reused: int = 0
     notes: tuple[str, ...] = ()
@@ -129,8 +113,8 @@ class IsolationSection:
             "bound": self.bound,
             "culprits": [c.to_json() for c in self.culprits],
             "interactions": [i.to_json() for i in self.interactions],
-            "trials": [t.to_json() for t in self.trials],
-            "judgements": [j.to_json() for j in self.judgements],
+            "trials": [_shown(t.to_json(), TRIAL_SHOWN) for t in self.trials],
+            "judgements": [_shown(j.to_json(), JUDGEMENT_SHOWN) for j in self.judgements],
             "launches": self.launches,
             "reused": self.reused,
             "notes": list(self.notes),
@@ -148,8 +132,8 @@ class IsolationSection:
             _f(d.get("bound")),
             tuple(CulpritSet.from_json(c) for c in d.get("culprits", [])),
             tuple(InteractionNote.from_json(i) for i in d.get("interactions", [])),
-            tuple(TrialRow.from_json(t) for t in d.get("trials", [])),
-            tuple(JudgementRow.from_json(j) for j in d.get("judgements", [])),
+            tuple(shown_trial(t) for t in d.get("trials", [])),
+            tuple(shown_judgement(j) for j in d.get("judgements", [])),
             int(d.get("launches", 0)),
             int(d.get("reused", 0)),
             _strs(d.get("notes")),
@@ -205,41 +189,11 @@ class LayerSection:
 
 
 @dataclass(frozen=True)
-class ScaleRow:
-    """How many times one module applies the scalar: the fitted exponent and its verdict."""
-
-    module: str
-    layer: int | None
-    exponent: float | None
-    times: int | None
-    verdict: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "layer": self.layer,
-            "exponent": self.exponent,
-            "times": self.times,
-            "verdict": self.verdict,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ScaleRow:
-        return cls(
-            str(d["module"]),
-            None if d.get("layer") is None else int(d["layer"]),
-            _f(d.get("exponent")),
-            None if d.get("times") is None else int(d["times"]),
-            str(d.get("verdict", "")),
-        )
-
-
-@dataclass(frozen=True)
 class ScaleSection:
     param: str
     nominal: float
     values: tuple[float, ...]
-    rows: tuple[ScaleRow, ...]
+    rows: tuple[ScaleUnit, ...]
     exactly_once: bool
     command: str = ""
 
@@ -248,7 +202,7 @@ class ScaleSection:
             "param": self.param,
             "nominal": self.nominal,
             "values": list(self.values),
-            "rows": [r.to_json() for r in self.rows],
+            "rows": [_shown(r.to_json(), SCALE_SHOWN) for r in self.rows],
             "exactly_once": self.exactly_once,
             "command": self.command,
         }
@@ -259,7 +213,7 @@ class ScaleSection:
             str(d["param"]),
             float(d.get("nominal", 0.0)),
             tuple(float(v) for v in d.get("values", [])),
-            tuple(ScaleRow.from_json(r) for r in d.get("rows", [])),
+            tuple(shown_scale_unit(r) for r in d.get("rows", [])),
             bool(d.get("exactly_once", False)),
             str(d.get("command", "")),
         )

@@ -10,19 +10,26 @@ from speedtrap.patching import Patch, PatchInfo
 from speedtrap.targets._base import InProcessModel
 from speedtrap.targets.smolmoe.config import SmolMoEConfig
 from speedtrap.targets.smolmoe.convert import build_smol_moe, config_from_hf
+from speedtrap.targets.smolmoe.equivalence import check_equivalence, dense_reference
+from speedtrap.targets.smolmoe.export import FORMATS, check_out, export_hf
 from speedtrap.targets.smolmoe.model import SmolMoE
 from speedtrap.targets.smolmoe.patches import build_extra_patches, build_patches
 from speedtrap.targets.smolmoe.weights import DenseWeights, default_gguf_path, load_dense
 
 __all__ = [
+    "FORMATS",
     "SOURCE_DIR",
     "SmolMoE",
     "SmolMoEConfig",
     "SmolMoETarget",
     "build_extra_patches",
     "build_patches",
+    "check_equivalence",
+    "check_out",
     "default_gguf_path",
+    "dense_reference",
     "dense_weights",
+    "export_hf",
     "load_dense",
 ]
 
