@@ -7,8 +7,9 @@ scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applicatio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from speedtrap._lazy import lazy_getattr
 from speedtrap._shapes import LayerGrowth
 from speedtrap.localize._results import (
     ConsumerFit,
@@ -51,10 +52,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A name of a module not loaded yet: its module is imported on first use."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

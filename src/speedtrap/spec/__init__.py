@@ -17,8 +17,9 @@ The pydantic parts (``Probe``, ``parse_probe``, ``manifest_schema``) load on fir
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from speedtrap._lazy import lazy_getattr
 from speedtrap.spec._bound import DEFAULT_BOUND, DEFAULT_MARGIN, Bound, Floor
 from speedtrap.spec._metric import (
     PHASES,
@@ -78,10 +79,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The pydantic-backed names, imported on first use (the CLI starts without pydantic)."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"speedtrap.spec.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'speedtrap.spec' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, {name: f"speedtrap.spec.{module}" for name, module in _LAZY.items()})
