@@ -402,51 +402,18 @@ CASES = [
 ]
 
 
-def _wheel(package: str, version: str) -> Path:
-    wheels = CACHE / "wheels"
-    found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
+def _download(package: str, version: str, sdist: bool) -> Path:
+    """The package's wheel (or sdist) from PyPI, downloaded once into the cache."""
+    folder = CACHE / ("sdists" if sdist else "wheels")
+    pattern = f"{package}-{version}.tar.gz" if sdist else f"{package}-{version}-*.whl"
+    found = sorted(folder.glob(pattern))
     if not found:
-        wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            "--disable-pip-version-check",
-            "-q",
-            f"{package}=={version}",
-            "-d",
-            str(wheels),
-        ]
-        subprocess.run(cmd, check=True, timeout=1800)
-        found = sorted(wheels.glob(f"{package}-{version}-*.whl"))
-    return found[0]
-
-
-def _sdist(package: str, version: str) -> Path:
-    sdists = CACHE / "sdists"
-    found = sorted(sdists.glob(f"{package}-{version}.tar.gz"))
-    if not found:
-        sdists.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--disable-pip-version-check",
-            "-q",
-            f"{package.replace('_', '-')}=={version}",
-            "-d",
-            str(sdists),
-        ]
-        subprocess.run(cmd, check=True, timeout=1800)
-        found = sorted(sdists.glob(f"{package}-{version}.tar.gz"))
+        folder.mkdir(parents=True, exist_ok=True)
+        only = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
+        spec = f"{package.replace('_', '-')}=={version}" if sdist else f"{package}=={version}"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *only, "--disable-pip-version-check", "-q"]
+        subprocess.run([*cmd, spec, "-d", str(folder)], check=True, timeout=1800)
+        found = sorted(folder.glob(pattern))
     return found[0]
 
 
@@ -454,7 +421,7 @@ def tree_of(package: str, version: str) -> Path:
     tree = CACHE / "trees" / f"{package}-{version}"
     if package in SDIST_DIRS:
         if not (tree / SDIST_DIRS[package][0]).is_dir():
-            with tarfile.open(_sdist(package, version)) as tf:
+            with tarfile.open(_download(package, version, sdist=True)) as tf:
                 for m in tf.getmembers():
                     rel = m.name.split("/", 1)[1] if "/" in m.name else ""
                     if m.isfile() and rel.startswith(SDIST_DIRS[package]) and rel.endswith(_KEEP + _KEEP_C):
@@ -462,7 +429,7 @@ def tree_of(package: str, version: str) -> Path:
                         tf.extract(m, tree, filter="data")
         return tree
     if not (tree / package).is_dir():
-        with zipfile.ZipFile(_wheel(package, version)) as zf:
+        with zipfile.ZipFile(_download(package, version, sdist=False)) as zf:
             names = [n for n in zf.namelist() if n.startswith(f"{package}/") and n.endswith(_KEEP)]
             zf.extractall(tree, names)
     return tree
