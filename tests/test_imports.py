@@ -230,3 +230,32 @@ def test_the_walker_sees_a_name_outside_all(tmp_path: Path) -> None:
         "speedtrap/b/_use.py:9 uses speedtrap.a.inner, not in its __all__",
     ]
     assert foreign_names(root / "a") == []  # a package reads its own modules freely
+
+
+# -- packages that load their machinery on first use: every listed name resolves ----------------
+
+LAZY_PACKAGES = ("speedtrap.isolate", "speedtrap.localize", "speedtrap.probe", "speedtrap.spec")
+
+
+def test_every_name_a_lazy_package_lists_resolves() -> None:
+    import importlib
+
+    for package in LAZY_PACKAGES:
+        module = importlib.import_module(package)
+        assert [n for n in module.__all__ if not hasattr(module, n)] == [], package
+
+
+def test_the_probes_result_types_load_neither_torch_nor_httpx() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from speedtrap.probe import KLStats, PhaseDivergence, RecallCell; "
+        "print(sorted(m for m in sys.modules if m in ('torch', 'httpx') or m.startswith('speedtrap.probe')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(["speedtrap.probe", "speedtrap.probe._results", "speedtrap.probe._stats"])
+    # a name a module exports under another name resolves through the lazy table too
+    from speedtrap.probe import RECORDING_FORMAT
+
+    assert RECORDING_FORMAT == "speedtrap-recording"

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from speedtrap.probe import KLStats, build_conversation, wilson
 from speedtrap.probe._conversations import assemble, filler_turns, plant_facts
-from speedtrap.probe._divergence import PhaseDivergence, approx_kl
+from speedtrap.probe._divergence import approx_kl
+from speedtrap.probe._results import PhaseDivergence
 from speedtrap.probe._stats import PositionStat, quantile
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from speedtrap._stats import wilson
+from speedtrap.probe import RecallCell
 from speedtrap.report import _figures
 from speedtrap.report._bylength import SYMPTOM, by_length, length_patterns
-from speedtrap.report._model import RecallCell, RecallRun, RecallSummary
+from speedtrap.report._model import RecallRun
 from speedtrap.report._verdict import build_verdict
 
 
@@ -16,7 +17,7 @@ def _run(label: str, patches: tuple[str, ...], cells: dict[int, list[tuple[int, 
         for k, (correct, n) in enumerate(per_depth):
             out.append(RecallCell(length, 0.2 + 0.6 * k, n, correct, correct / n, *wilson(correct, n)))
     total, n = sum(c.correct for c in out), sum(c.n for c in out)
-    return RecallRun(label, patches, RecallSummary(n, total, total / n, *wilson(total, n)), tuple(out))
+    return RecallRun(label, patches, RecallCell(0, -1.0, n, total, total / n, *wilson(total, n)), tuple(out))
 
 
 BASE = _run("baseline", (), {128: [(8, 8), (8, 8)], 512: [(8, 8), (7, 8)], 1024: [(8, 8), (8, 8)]})

@@ -60,15 +60,17 @@ def test_a_growth_point_with_null_figures_round_trips() -> None:
 
 
 def test_the_report_loads_no_stage() -> None:
-    """The report reads the stages' own result types (isolate's ``Trial``, localize's ``ScaleUnit``):
-    importing it loads their result modules only, neither torch (localize) nor isolate's launch and
-    HTTP machinery."""
+    """The report reads the stages' own result types (isolate's ``Trial``, localize's ``ScaleUnit``, the
+    probes' ``RecallCell`` and ``PhaseDivergence``): importing it loads their result modules only,
+    neither torch (localize, the in-process probe) nor the HTTP machinery (isolate's launch, the probes'
+    backends)."""
     code = (
         "import sys, speedtrap.report; print(sorted(m for m in sys.modules if m in ('torch', 'httpx')"
-        " or m.startswith(('speedtrap.isolate', 'speedtrap.localize'))))"
+        " or m.startswith(('speedtrap.isolate', 'speedtrap.localize', 'speedtrap.probe'))))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = ["speedtrap.isolate", "speedtrap.isolate._results", "speedtrap.localize", "speedtrap.localize._results"]
+    loaded += ["speedtrap.probe", "speedtrap.probe._results", "speedtrap.probe._stats"]
     assert done.stdout.strip() == str(loaded)
 
 

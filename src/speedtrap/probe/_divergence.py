@@ -25,7 +25,8 @@ from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._keys import KeyTally, check_keys, check_same_tokenizer, dists_by_ids, mapper_of, prompt_by_ids
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
-from speedtrap.probe._stats import KLStats, PositionStat, summarize
+from speedtrap.probe._results import PhaseDivergence
+from speedtrap.probe._stats import PositionStat
 from speedtrap.probe._store import ResultsFile
 from speedtrap.progress import Progress
 
@@ -80,42 +81,6 @@ class DivergenceSettings:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DivergenceSettings:
         return cls(**{**data, "lengths": tuple(int(n) for n in data["lengths"])})
-
-
-@dataclass(frozen=True)
-class BucketStats:
-    start: int  # positions [start, end) of the predicted tokens
-    end: int
-    stats: KLStats
-
-    def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "stats": self.stats.to_json()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BucketStats:
-        return cls(int(data["start"]), int(data["end"]), KLStats.from_json(data["stats"]))
-
-
-@dataclass(frozen=True)
-class PhaseDivergence:
-    overall: KLStats
-    by_bucket: list[BucketStats]
-
-    @classmethod
-    def of(cls, stats: Sequence[PositionStat], bucket_size: int) -> PhaseDivergence:
-        buckets: dict[int, list[PositionStat]] = {}
-        for s in stats:
-            buckets.setdefault(s.position // bucket_size, []).append(s)
-        size = bucket_size
-        by_bucket = [BucketStats(b * size, (b + 1) * size, summarize(buckets[b])) for b in sorted(buckets)]
-        return cls(summarize(stats), by_bucket)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"overall": self.overall.to_json(), "by_bucket": [b.to_json() for b in self.by_bucket]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PhaseDivergence:
-        return cls(KLStats.from_json(data["overall"]), [BucketStats.from_json(b) for b in data["by_bucket"]])
 
 
 @dataclass

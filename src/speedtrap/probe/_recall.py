@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ProbeError, UsageError
-from speedtrap._stats import wilson
 from speedtrap.probe._backend import Backend
 from speedtrap.probe._conversations import KEYS, Conversation, Fact, build_conversation
 from speedtrap.probe._progress import progress_bar
+from speedtrap.probe._results import RecallCell, RecallSample
 from speedtrap.probe._store import ResultsFile
 from speedtrap.progress import Progress
 
@@ -74,57 +74,6 @@ class RecallSettings:
             max_new_tokens=int(data.get("max_new_tokens", 24)),
             shared_prefix=bool(data.get("shared_prefix", False)),
         )
-
-
-@dataclass(frozen=True)
-class RecallSample:
-    conversation: str  # "L512-s0"
-    length: int
-    depth: float
-    key: str  # the question asked: "the blue door"
-    expected: str
-    answer: str
-    correct: bool
-    prompt_tokens: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.conversation}@{self.depth:g}"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RecallSample:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class RecallCell:
-    """One grid cell (or the whole grid: ``length`` 0 and ``depth`` -1)."""
-
-    length: int
-    depth: float
-    n: int
-    correct: int
-    accuracy: float
-    low: float  # Wilson 95% interval
-    high: float
-    prompt_tokens: int  # mean prompt tokens of its samples
-
-    @classmethod
-    def of(cls, length: int, depth: float, samples: Sequence[RecallSample]) -> RecallCell:
-        n, correct = len(samples), sum(s.correct for s in samples)
-        low, high = wilson(correct, n)
-        tokens = round(sum(s.prompt_tokens for s in samples) / n) if n else 0
-        return cls(length, depth, n, correct, correct / n if n else 0.0, low, high, tokens)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RecallCell:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass

@@ -29,7 +29,6 @@ from speedtrap.probe._divergence import (
     PHASES,
     DivergenceReport,
     DivergenceSettings,
-    PhaseDivergence,
     TopkSide,
     _sequence,
     compare_topk,
@@ -37,7 +36,7 @@ from speedtrap.probe._divergence import (
 )
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._progress import progress_bar
-from speedtrap.probe._recall import RecallReport, RecallSample, RecallSettings, arun_recall
+from speedtrap.probe._recall import RecallReport, RecallSettings, arun_recall
 from speedtrap.probe._recording import (
     Identity,
     Recording,
@@ -56,6 +55,7 @@ from speedtrap.probe._recording_format import (
     SequenceRecord,
     parse_recording,
 )
+from speedtrap.probe._results import PhaseDivergence, RecallSample
 from speedtrap.probe._stats import PositionStat
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ from speedtrap.probe._divergence import DivergenceSettings
 from speedtrap.probe._floor import NoiseFloor
 from speedtrap.probe._http import HttpBackend
 from speedtrap.probe._inprocess import InProcessBackend
-from speedtrap.probe._recall import RecallSample, RecallSettings
+from speedtrap.probe._recall import RecallSettings
 from speedtrap.probe._recording_format import RecordingError, SequenceRecord, parse_recording
+from speedtrap.probe._results import RecallSample
 
 NO_ENDPOINT = frozenset({400, 404, 405, 422, 501})  # what a server without an optional endpoint answers
 

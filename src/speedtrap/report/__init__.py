@@ -21,7 +21,6 @@ from speedtrap.report._markdown import render_markdown
 from speedtrap.report._model import (
     SCHEMA_VERSION,
     DivergenceRun,
-    KLSummary,
     RecallRun,
     ReportVerdict,
     TriageSection,
@@ -36,7 +35,6 @@ __all__ = [
     "DivergenceRun",
     "FigureRef",
     "IsolationSection",
-    "KLSummary",
     "LayerSection",
     "Localization",
     "MissingPart",

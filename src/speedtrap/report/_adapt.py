@@ -9,19 +9,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from speedtrap._shapes import CulpritSet, LayerGrowth
-from speedtrap._stats import wilson
 from speedtrap.report._model import (
+    PHASE_ORDER,
     DivergenceRun,
     InteractionNote,
-    KLBucket,
-    KLSummary,
-    PhaseDivergence,
-    RecallCell,
     RecallRun,
-    RecallSummary,
     TriageRow,
     TriageSection,
     _f,
+    pooled_cell,
+    shown_cell,
+    shown_phase,
 )
 from speedtrap.report._stages import (
     CommitRow,
@@ -68,38 +66,20 @@ def triage_section(doc: Mapping[str, Any], plan_markdown: str = "", command: str
 
 
 def recall_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], command: str = "") -> RecallRun:
-    cells = tuple(RecallCell.from_json(dict(c)) for c in doc["cells"])
+    cells = tuple(shown_cell(dict(c)) for c in doc["cells"])
     overall = doc.get("overall")
-    if overall is None:  # an older report without the pooled figures: pool the cells
-        n = sum(c.n for c in cells)
-        correct = sum(c.correct for c in cells)
-        low, high = wilson(correct, n)
-        summary = RecallSummary(n, correct, correct / n if n else 0.0, low, high)
-    else:
-        summary = RecallSummary.from_json(dict(overall))
+    # an older report without the pooled figures: pool the cells
+    summary = pooled_cell(cells) if overall is None else shown_cell(dict(overall), pooled=True)
     return RecallRun(label, patches, summary, cells, command)
-
-
-def _kl(d: Mapping[str, Any]) -> KLSummary:
-    return KLSummary.from_json(dict(d))
 
 
 def divergence_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], command: str = "") -> DivergenceRun:
     phases = doc["phases"]
     items = phases.items() if isinstance(phases, Mapping) else ((p["phase"], p) for p in phases)
-    out = []
-    for name, phase in items:
-        buckets = phase.get("by_bucket", phase.get("buckets", []))
-        out.append(
-            PhaseDivergence(
-                str(name),
-                _kl(phase["overall"]),
-                tuple(KLBucket(int(b["start"]), int(b["end"]), _kl(b["stats"])) for b in buckets),
-            )
-        )
-    order = {"prefill": 0, "decode": 1}
-    out.sort(key=lambda p: order.get(p.phase, 2))
-    return DivergenceRun(label, patches, tuple(out), command)
+    out = sorted(
+        ((str(name), shown_phase(dict(phase))) for name, phase in items), key=lambda x: PHASE_ORDER.get(x[0], 2)
+    )
+    return DivergenceRun(label, patches, dict(out), command)
 
 
 def rule_words(rule: Mapping[str, Any]) -> tuple[str, str, float | None]:

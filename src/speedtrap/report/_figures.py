@@ -122,7 +122,7 @@ def _mid(start: int, end: int) -> float:
 
 
 def _floor(value: float | None, floor: float) -> float:
-    return math.nan if value is None else max(value, floor)
+    return math.nan if value is None or math.isnan(value) else max(value, floor)
 
 
 def kl_by_position(run: DivergenceRun) -> Figure:
@@ -130,14 +130,14 @@ def kl_by_position(run: DivergenceRun) -> Figure:
     fig = _figure(5.8, 3.4)
     ax = fig.add_subplot()
     lowest = math.inf
-    for phase in run.phases:
-        color = PHASE_COLORS.get(phase.phase, "#555555")
-        xs = [_mid(b.start, b.end) for b in phase.buckets]
+    for name, phase in run.phases.items():
+        color = PHASE_COLORS.get(name, "#555555")
+        xs = [_mid(b.start, b.end) for b in phase.by_bucket]
         for key, style in (("kl_p99", "-"), ("kl_mean", "--")):
-            values = [getattr(b.stats, key) for b in phase.buckets]
-            lowest = min([lowest, *(v for v in values if v is not None and v > 0)])
+            values = [getattr(b.stats, key) for b in phase.by_bucket]
+            lowest = min([lowest, *(v for v in values if v > 0)])
             ys = [_floor(v, KL_FLOOR) for v in values]
-            ax.plot(xs, ys, style, marker="o", ms=3.5, color=color, label=f"{phase.phase} {key[3:]}")
+            ax.plot(xs, ys, style, marker="o", ms=3.5, color=color, label=f"{name} {key[3:]}")
     ax.set_yscale("log")
     from matplotlib.ticker import NullFormatter
 
@@ -165,10 +165,10 @@ def same_top1_by_position(run: DivergenceRun) -> Figure:
     """The rate at which baseline and patched agree on the most likely next token, per position bucket."""
     fig = _figure(5.8, 3.4)
     ax = fig.add_subplot()
-    for phase in run.phases:
-        xs = [_mid(b.start, b.end) for b in phase.buckets]
-        ys = [math.nan if b.stats.same_top1 is None else b.stats.same_top1 for b in phase.buckets]
-        ax.plot(xs, ys, "-", marker="o", ms=3.5, color=PHASE_COLORS.get(phase.phase, "#555555"), label=phase.phase)
+    for name, phase in run.phases.items():
+        xs = [_mid(b.start, b.end) for b in phase.by_bucket]
+        ys = [b.stats.same_top1 for b in phase.by_bucket]  # NaN where not known: a gap
+        ax.plot(xs, ys, "-", marker="o", ms=3.5, color=PHASE_COLORS.get(name, "#555555"), label=name)
     ax.set_ylim(-0.02, 1.02)
     ax.axhline(1.0, color="#999999", lw=0.8, ls=":")
     ax.set_xlabel("token position (bucket centre)")

@@ -1,18 +1,22 @@
 """What a report shows, as typed data: every section round-trips through JSON (``to_json`` / ``from_json``).
 
-Where the report shows less than a stage records (an interaction, a trial, a scale unit), the model
-holds the report's own smaller view, read leniently, so a report renders from JSON files alone,
-whatever version of a stage wrote them; where both are the same shape (a culprit set, a layer's
-growth) it holds the one class both use, from :mod:`speedtrap._shapes`. The JSON form is the
+The model holds the stages' own result types (a probe's recall cell and divergence phase, isolate's
+trial, localize's scale unit), read from their JSON leniently, so a report renders from JSON files
+alone, whatever version of a stage wrote them, and writes the fields it shows; where both are the
+same shape (a culprit set, a layer's growth) it holds the one class both use, from
+:mod:`speedtrap._shapes`. The JSON form is the
 published ``report.json`` (schema: ``schemas/report.schema.json``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from speedtrap._shapes import CulpritSet
+from speedtrap._stats import wilson
+from speedtrap.probe import BucketStats, KLStats, PhaseDivergence, RecallCell
 
 SCHEMA_VERSION = 1
 KIND = "speedtrap-report"
@@ -157,65 +161,78 @@ class TriageSection:
 # -- probes -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RecallCell:
-    """One (context length, depth) cell: correct answers out of n, with a Wilson interval."""
+# The probes' own result types (``speedtrap.probe.RecallCell``, ``KLStats``, ``PhaseDivergence``),
+# read from a probe's JSON or a report's; the report writes the fields it shows (``CELL_SHOWN`` ...).
+# A figure a document lacks, or holds as null, NaN or an infinity, is NaN in the model and null in JSON.
 
-    length: int  # target prompt length, tokens
-    depth: float  # where the fact sits: 0 = start of the conversation, 1 = just before the question
-    n: int
-    correct: int
-    accuracy: float
-    low: float
-    high: float
-    prompt_tokens: float | None = None  # measured mean prompt length, tokens
+CELL_SHOWN = ("length", "depth", "n", "correct", "accuracy", "low", "high", "prompt_tokens")
+OVERALL_SHOWN = ("n", "correct", "accuracy", "low", "high")
+KL_FIELDS = ("kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "same_top1", "rms_dp")
+KL_SHOWN = ("tokens", *KL_FIELDS)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "length": self.length,
-            "depth": self.depth,
-            "n": self.n,
-            "correct": self.correct,
-            "accuracy": self.accuracy,
-            "low": self.low,
-            "high": self.high,
-            "prompt_tokens": self.prompt_tokens,
+
+def shown_cell(d: dict[str, Any], pooled: bool = False) -> RecallCell:
+    """The probe's ``RecallCell`` from a cell's JSON (a probe's or a report's). An older document
+    may lack ``correct`` (from the accuracy), the interval (0 to 1) or the prompt length (None).
+    ``pooled``: the whole grid (length 0, depth -1), of which the report shows ``OVERALL_SHOWN``."""
+    n = int(d["n"])
+    accuracy = float(d["accuracy"])
+    correct = int(d["correct"]) if d.get("correct") is not None else round(accuracy * n)
+    tokens = _f(d.get("prompt_tokens"))
+    return RecallCell.from_json(
+        {
+            "length": 0 if pooled else int(d["length"]),
+            "depth": -1.0 if pooled else float(d["depth"]),
+            "n": n,
+            "correct": correct,
+            "accuracy": accuracy,
+            "low": float(d.get("low", 0.0)),
+            "high": float(d.get("high", 1.0)),
+            "prompt_tokens": None if tokens is None or pooled else round(tokens),
         }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RecallCell:
-        n = int(d["n"])
-        accuracy = float(d["accuracy"])
-        correct = int(d["correct"]) if d.get("correct") is not None else round(accuracy * n)
-        return cls(
-            int(d["length"]),
-            float(d["depth"]),
-            n,
-            correct,
-            accuracy,
-            float(d.get("low", 0.0)),
-            float(d.get("high", 1.0)),
-            _f(d.get("prompt_tokens")),
-        )
+    )
 
 
-@dataclass(frozen=True)
-class RecallSummary:
-    n: int
-    correct: int
-    accuracy: float
-    low: float
-    high: float
+def pooled_cell(cells: tuple[RecallCell, ...]) -> RecallCell:
+    """The whole grid as one cell (length 0, depth -1, as the probe pools it), from its cells."""
+    n = sum(c.n for c in cells)
+    correct = sum(c.correct for c in cells)
+    low, high = wilson(correct, n)
+    return RecallCell(0, -1.0, n, correct, correct / n if n else 0.0, low, high)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "correct": self.correct, "accuracy": self.accuracy, "low": self.low, "high": self.high}
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RecallSummary:
-        n = int(d["n"])
-        accuracy = float(d["accuracy"])
-        correct = int(d["correct"]) if d.get("correct") is not None else round(accuracy * n)
-        return cls(n, correct, accuracy, float(d.get("low", 0.0)), float(d.get("high", 1.0)))
+def cell_json(cell: RecallCell, keys: tuple[str, ...] = CELL_SHOWN) -> dict[str, Any]:
+    d = {k: getattr(cell, k) for k in keys}
+    if "prompt_tokens" in d and d["prompt_tokens"] is not None:
+        d["prompt_tokens"] = float(d["prompt_tokens"])  # a mean (report.schema.json: a number)
+    return d
+
+
+def shown_kl(d: dict[str, Any]) -> KLStats:
+    """The probe's ``KLStats`` from its JSON; a figure missing, null or not finite is NaN."""
+    figures = {k: math.nan if (v := _f(d.get(k))) is None else v for k in KL_FIELDS}
+    return KLStats.from_json({**figures, "tokens": int(d.get("tokens", 0) or 0)})
+
+
+def kl_json(stats: KLStats) -> dict[str, Any]:
+    return {"tokens": stats.tokens, **{k: _f(getattr(stats, k)) for k in KL_FIELDS}}
+
+
+def shown_phase(d: dict[str, Any]) -> PhaseDivergence:
+    """The probe's ``PhaseDivergence`` from a phase's JSON (the probe's ``by_bucket`` or the report's ``buckets``)."""
+    buckets = d.get("by_bucket", d.get("buckets", []))
+    return PhaseDivergence(
+        shown_kl(d["overall"]),
+        [BucketStats(int(b["start"]), int(b["end"]), shown_kl(b["stats"])) for b in buckets],
+    )
+
+
+def phase_json(name: str, phase: PhaseDivergence) -> dict[str, Any]:
+    return {
+        "phase": name,
+        "overall": kl_json(phase.overall),
+        "buckets": [{"start": b.start, "end": b.end, "stats": kl_json(b.stats)} for b in phase.by_bucket],
+    }
 
 
 @dataclass(frozen=True)
@@ -224,7 +241,7 @@ class RecallRun:
 
     label: str  # baseline | all patches | a culprit set
     patches: tuple[str, ...]
-    overall: RecallSummary
+    overall: RecallCell  # the whole grid pooled (length 0, depth -1)
     cells: tuple[RecallCell, ...]
     command: str = ""
 
@@ -232,8 +249,8 @@ class RecallRun:
         return {
             "label": self.label,
             "patches": list(self.patches),
-            "overall": self.overall.to_json(),
-            "cells": [c.to_json() for c in self.cells],
+            "overall": cell_json(self.overall, OVERALL_SHOWN),
+            "cells": [cell_json(c) for c in self.cells],
             "command": self.command,
         }
 
@@ -242,66 +259,13 @@ class RecallRun:
         return cls(
             str(d["label"]),
             _strs(d.get("patches")),
-            RecallSummary.from_json(d["overall"]),
-            tuple(RecallCell.from_json(c) for c in d.get("cells", [])),
+            shown_cell(d["overall"], pooled=True),
+            tuple(shown_cell(c) for c in d.get("cells", [])),
             str(d.get("command", "")),
         )
 
 
-KL_FIELDS = ("kl_mean", "kl_median", "kl_p90", "kl_p99", "kl_max", "same_top1", "rms_dp")
-
-
-@dataclass(frozen=True)
-class KLSummary:
-    """KL(baseline || candidate) of next-token distributions and same-top-1 rate over some tokens."""
-
-    tokens: int
-    kl_mean: float | None = None
-    kl_median: float | None = None
-    kl_p90: float | None = None
-    kl_p99: float | None = None
-    kl_max: float | None = None
-    same_top1: float | None = None
-    rms_dp: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, **{k: getattr(self, k) for k in KL_FIELDS}}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> KLSummary:
-        return cls(int(d.get("tokens", 0) or 0), **{k: _f(d.get(k)) for k in KL_FIELDS})
-
-
-@dataclass(frozen=True)
-class KLBucket:
-    start: int  # first position of the bucket (token index)
-    end: int  # one past the last
-    stats: KLSummary
-
-    def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "stats": self.stats.to_json()}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> KLBucket:
-        return cls(int(d["start"]), int(d["end"]), KLSummary.from_json(d["stats"]))
-
-
-@dataclass(frozen=True)
-class PhaseDivergence:
-    phase: str  # prefill | decode
-    overall: KLSummary
-    buckets: tuple[KLBucket, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"phase": self.phase, "overall": self.overall.to_json(), "buckets": [b.to_json() for b in self.buckets]}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PhaseDivergence:
-        return cls(
-            str(d["phase"]),
-            KLSummary.from_json(d["overall"]),
-            tuple(KLBucket.from_json(b) for b in d.get("buckets", [])),
-        )
+PHASE_ORDER = {"prefill": 0, "decode": 1}
 
 
 @dataclass(frozen=True)
@@ -310,17 +274,17 @@ class DivergenceRun:
 
     label: str
     patches: tuple[str, ...]
-    phases: tuple[PhaseDivergence, ...]
+    phases: dict[str, PhaseDivergence]  # prefill | decode -> the probe's figures, in that order
     command: str = ""
 
     def phase(self, name: str) -> PhaseDivergence | None:
-        return next((p for p in self.phases if p.phase == name), None)
+        return self.phases.get(name)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label,
             "patches": list(self.patches),
-            "phases": [p.to_json() for p in self.phases],
+            "phases": [phase_json(k, v) for k, v in self.phases.items()],
             "command": self.command,
         }
 
@@ -329,6 +293,6 @@ class DivergenceRun:
         return cls(
             str(d["label"]),
             _strs(d.get("patches")),
-            tuple(PhaseDivergence.from_json(p) for p in d.get("phases", [])),
+            {str(p["phase"]): shown_phase(p) for p in d.get("phases", [])},
             str(d.get("command", "")),
         )

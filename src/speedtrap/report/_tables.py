@@ -19,8 +19,8 @@ class Table:
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
-    """A number for a person: 3 significant digits, scientific when tiny or huge, '-' for missing."""
-    if value is None:
+    """A number for a person: 3 significant digits, scientific when tiny or huge, '-' for missing (None or NaN)."""
+    if value is None or value != value:
         return "-"
     if value == 0:
         return "0"
@@ -80,12 +80,12 @@ def recall_table(data: ReportData) -> Table:
 def divergence_table(runs: Sequence[DivergenceRun]) -> Table:
     rows = []
     for run in runs:
-        for phase in run.phases:
+        for name, phase in run.phases.items():
             o = phase.overall
             rows.append(
                 (
                     run.label,
-                    phase.phase,
+                    name,
                     str(o.tokens),
                     fmt(o.kl_mean),
                     fmt(o.kl_p99),

@@ -72,7 +72,8 @@ def _divergence_sentence(runs: Sequence[DivergenceRun]) -> str:
     parts = []
     for run in runs:
         phases = [
-            f"{p.phase} KL p99 {fmt(p.overall.kl_p99)} nats, same top-1 {fmt(p.overall.same_top1)}" for p in run.phases
+            f"{name} KL p99 {fmt(p.overall.kl_p99)} nats, same top-1 {fmt(p.overall.same_top1)}"
+            for name, p in run.phases.items()
         ]
         parts.append(f"{run.label}: " + "; ".join(phases))
     return "Teacher-forced divergence from the baseline: " + " | ".join(parts) + "."

@@ -1,0 +1,103 @@
+"""The probes' plain result types: a recall sample and cell, a divergence bucket and phase.
+
+Importing this module loads no probe machinery (neither torch nor httpx): readers of results (the
+report) hold these types without loading a backend. The reports that own them
+(:class:`~speedtrap.probe.RecallReport`, :class:`~speedtrap.probe.DivergenceReport`) are in the
+probes' own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from speedtrap._stats import wilson
+from speedtrap.probe._stats import KLStats, PositionStat, summarize
+
+
+@dataclass(frozen=True)
+class RecallSample:
+    conversation: str  # "L512-s0"
+    length: int
+    depth: float
+    key: str  # the question asked: "the blue door"
+    expected: str
+    answer: str
+    correct: bool
+    prompt_tokens: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.conversation}@{self.depth:g}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecallSample:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class RecallCell:
+    """One grid cell (or the whole grid: ``length`` 0 and ``depth`` -1)."""
+
+    length: int
+    depth: float
+    n: int
+    correct: int
+    accuracy: float
+    low: float  # Wilson 95% interval
+    high: float
+    prompt_tokens: int | None = None  # mean prompt tokens of its samples (None: not recorded)
+
+    @classmethod
+    def of(cls, length: int, depth: float, samples: Sequence[RecallSample]) -> RecallCell:
+        n, correct = len(samples), sum(s.correct for s in samples)
+        low, high = wilson(correct, n)
+        tokens = round(sum(s.prompt_tokens for s in samples) / n) if n else 0
+        return cls(length, depth, n, correct, correct / n if n else 0.0, low, high, tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecallCell:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    start: int  # positions [start, end) of the predicted tokens
+    end: int
+    stats: KLStats
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "stats": self.stats.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BucketStats:
+        return cls(int(data["start"]), int(data["end"]), KLStats.from_json(data["stats"]))
+
+
+@dataclass(frozen=True)
+class PhaseDivergence:
+    overall: KLStats
+    by_bucket: list[BucketStats]
+
+    @classmethod
+    def of(cls, stats: Sequence[PositionStat], bucket_size: int) -> PhaseDivergence:
+        buckets: dict[int, list[PositionStat]] = {}
+        for s in stats:
+            buckets.setdefault(s.position // bucket_size, []).append(s)
+        size = bucket_size
+        by_bucket = [BucketStats(b * size, (b + 1) * size, summarize(buckets[b])) for b in sorted(buckets)]
+        return cls(summarize(stats), by_bucket)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overall": self.overall.to_json(), "by_bucket": [b.to_json() for b in self.by_bucket]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PhaseDivergence:
+        return cls(KLStats.from_json(data["overall"]), [BucketStats.from_json(b) for b in data["by_bucket"]])
