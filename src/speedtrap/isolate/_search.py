@@ -33,7 +33,7 @@ to fail alone is never bisected for; a span whose unknown patches all pass alone
 fails only together) is bisected by position. benchmarks/bench_isolate.py measures the plans
 against the naive plan, ddmin and the search before issue 17.
 
-Discovery stops at ``max_trials`` configurations (2n + 20 per trial slot): verdicts that contradict
+Discovery stops at ``max_trials`` configurations (3n + 30 per trial slot): verdicts that contradict
 each other (noise near the bound, or a stack with countless minimal sets) would otherwise keep it
 finding new "sets"; the result then says so and the interaction checks are skipped.
 
@@ -114,7 +114,7 @@ class Search:
         # Discovery stops at this many configurations (noisy verdicts that contradict each other can
         # otherwise send it after ever more "sets"); the checks of what it found still run.
         # With spare slots, look-ahead configurations fill the memo too: the limit counts rounds' worth.
-        self.max_trials = max_trials if max_trials is not None else (2 * len(self.order) + 20) * self.capacity
+        self.max_trials = max_trials if max_trials is not None else (3 * len(self.order) + 30) * self.capacity
         self._discovering = False
         if self.plan == "table" and self._policy is None:
             self.plan = "bisect"
