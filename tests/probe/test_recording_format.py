@@ -239,3 +239,17 @@ def test_block_arrays_agree(tmp_path: Path) -> None:
                                              block.own, block.tail).to_json()["counts"])  # fmt: skip
     with pytest.raises(ValueError, match=r"differ in length|add up"):
         Block.from_json(bad, "b")
+
+
+def test_a_recording_asked_through_another_api_is_refused() -> None:
+    """A vLLM-native recording against a candidate asked the OpenAI way compares two different scorings."""
+    from dataclasses import replace
+
+    from speedtrap.probe._recording import identity_mismatch
+
+    vllm = replace(IDENTITY, api="vllm")
+    error = identity_mismatch(vllm, IDENTITY)
+    assert error is not None
+    assert "'vllm' API" in str(error) and "'openai'" in str(error) and "probe.api = 'vllm'" in error.fix
+    assert identity_mismatch(vllm, vllm) is None
+    assert identity_mismatch(replace(IDENTITY, api=None), IDENTITY) is None  # an older recording names no api

@@ -2,8 +2,9 @@
 
 The target's identity: the model name it serves (or the in-process target's name), a tokenizer
 fingerprint (vocabulary size where known, and a hash of the token ids of a fixed chat message),
-the server version where the API exposes one (``GET /version``), and a hash of the weights for
-in-process targets. Another tokenizer, model or weights, or other probe settings, is an error
+the server version where the API exposes one (``GET /version``), the API a server is asked through, and
+a hash of the weights for in-process targets. Another tokenizer, model, API or weights, or other probe
+settings, is an error
 naming the difference and the fix; another server version is allowed and noted.
 """
 
@@ -124,6 +125,12 @@ def identity_mismatch(recorded: Identity, current: Identity) -> UsageError | Non
         return UsageError(
             f"the recording is of model {recorded.model!r}, the target serves {current.model!r}",
             f"pass --model {recorded.model}, or {RECORD_FIX}",
+        )
+    if recorded.api and current.api and recorded.api != current.api:
+        return UsageError(
+            f"the recording was asked through the {recorded.api!r} API, the target is asked through {current.api!r} "
+            "(the two APIs tokenize and score differently)",
+            f"set probe.api = {recorded.api!r} (or --api {recorded.api}), or {RECORD_FIX}",
         )
     if recorded.vocab_size and current.vocab_size and recorded.vocab_size != current.vocab_size:
         return UsageError(
