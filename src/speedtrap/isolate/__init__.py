@@ -58,10 +58,11 @@ if TYPE_CHECKING:
     from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle, report_figures
     from speedtrap.isolate._ray import RayExecutor, TrialResources
     from speedtrap.isolate._relations import Relations, minimal_transversals
-    from speedtrap.isolate._roles import RoleSpec, Stack, StackSpec, read_records
+    from speedtrap.isolate._roles import RoleSpec, StackSpec
     from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
     from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
     from speedtrap.isolate._search import Search, SearchProgress
+    from speedtrap.isolate._stack import Stack, read_records
     from speedtrap.isolate._store import TrialStore, stored_trials, trial_key
     from speedtrap.isolate._worktree import (
         Worktrees,
@@ -175,7 +176,7 @@ _LAZY = {
     "SearchProgress": "speedtrap.isolate._search",
     "Server": "speedtrap.isolate._launch",
     "ServerOracle": "speedtrap.isolate._oracle",
-    "Stack": "speedtrap.isolate._roles",
+    "Stack": "speedtrap.isolate._stack",
     "StackSpec": "speedtrap.isolate._roles",
     "TargetSpec": "speedtrap.isolate._manifest",
     "ThreadExecutor": "speedtrap.isolate._executor",
@@ -202,7 +203,7 @@ _LAZY = {
     "oracle_recipe": "speedtrap.isolate._executor",
     "parse_manifest": "speedtrap.isolate._manifest",
     "parse_patches": "speedtrap.isolate._manifest",
-    "read_records": "speedtrap.isolate._roles",
+    "read_records": "speedtrap.isolate._stack",
     "report_figures": "speedtrap.isolate._oracle",
     "resolve_commits_in": "speedtrap.isolate._worktree",
     "rule_from_spec": "speedtrap.isolate._rules",

@@ -32,7 +32,8 @@ from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
 from speedtrap.isolate._results import Config
-from speedtrap.isolate._roles import Stack, launch_stack, role_switches, stack_launches
+from speedtrap.isolate._roles import role_switches
+from speedtrap.isolate._stack import Stack, launch_stack, stack_launches
 from speedtrap.isolate._worktree import Worktrees
 from speedtrap.spec import WORST_STATS, metric
 
