@@ -36,3 +36,29 @@ def test_two_at_once_and_the_marker() -> None:
         for p in [*procs, unmarked]:
             p.wait()
     assert w.most == 2
+
+
+LISTEN = (
+    "import socket, sys, time; time.sleep(0.3); s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[-1]))); "
+    "s.listen(); time.sleep(0.6)"
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_listening_counts_only_servers_whose_port_is_open() -> None:
+    """Two servers alive at once, one of which never opens its ``--port``: most 2, most listening 1."""
+    quiet = [sys.executable, "-c", "import time; time.sleep(1.0)", "-m", "fake_engine.serve", "--port"]
+    loud = [sys.executable, "-c", LISTEN, "-m", "fake_engine.serve", "--port"]
+    with ServerWatcher(argv_has(b"fake_engine.serve"), descends_from(os.getpid()), interval=0.05) as w:
+        procs = [subprocess.Popen([*quiet, str(_free_port())]), subprocess.Popen([*loud, str(_free_port())])]
+        for p in procs:
+            p.wait()
+    assert w.most == 2
+    assert w.most_listening == 1

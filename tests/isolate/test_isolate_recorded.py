@@ -7,16 +7,14 @@ model name) and their listening ports.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from _watch import ServerWatcher, argv_has
 from speedtrap._errors import ManifestError, UsageError
 from speedtrap.isolate import ProbeSpec, ServerOracle, Status, TargetSpec, isolate, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, Identity
@@ -89,64 +87,6 @@ def test_workers_get_the_recording_with_the_recipe_and_no_reference_server(tmp_p
 # -- the slow part: real servers ---------------------------------------------------------------
 
 
-class StackWatcher:
-    """Polls /proc for processes tagged ``tag`` and the TCP ports they listen on; keeps the maxima."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        self.max_alive = 0
-        self.max_listening = 0
-        self.seen: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> StackWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _procs(self) -> dict[int, list[str]]:
-        out = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            args = [a.decode(errors="replace") for a in argv]
-            guard = any(a.endswith("_guard.py") for a in args)  # the launch guard that heads each server's group
-            if self.tag in args and "serve" in args and not guard:
-                out[int(entry)] = args
-        return out
-
-    @staticmethod
-    def _listening() -> set[int]:
-        ports = set()
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            try:
-                lines = Path(table).read_text().splitlines()[1:]
-            except OSError:
-                continue
-            for line in lines:
-                fields = line.split()
-                if len(fields) > 3 and fields[3] == "0A":  # LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        return ports
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            procs = self._procs()
-            self.seen |= set(procs)
-            ports = {int(a[a.index("--port") + 1]) for a in procs.values() if "--port" in a}
-            self.max_alive = max(self.max_alive, len(procs))
-            self.max_listening = max(self.max_listening, len(ports & self._listening()))
-            time.sleep(0.05)
-
-
 def _serve_manifest(tmp_path: Path, tag: str, reference: str | None) -> Path:
     ref = f'reference = "{reference}"' if reference else ""
     text = f"""
@@ -192,16 +132,16 @@ def test_recorded_mode_runs_one_server_at_a_time_with_the_side_by_side_verdict(t
     tag = f"st-rec-{uuid.uuid4().hex[:8]}"
     recorded_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, None))
     live_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, "live"))
-    with StackWatcher(tag) as watch:
+    with ServerWatcher(argv_has(tag.encode(), b"serve")) as watch:
         recorded = isolate(recorded_manifest, tmp_path / "recorded")
     assert watch.seen, "the watcher saw no server of the stack"
-    assert watch.max_alive == 1 and watch.max_listening == 1
+    assert watch.most == 1 and watch.most_listening == 1
     assert len(watch.seen) == recorded.launches + 1  # the trials and the one recording launch
     assert (tmp_path / "recorded" / "reference.strec").is_file()
     assert any("recorded" in n for n in recorded.notes)
-    with StackWatcher(tag) as live_watch:
+    with ServerWatcher(argv_has(tag.encode(), b"serve")) as live_watch:
         live = isolate(live_manifest, tmp_path / "live")
-    assert live_watch.max_alive == 2  # side by side: the reference server beside a trial's
+    assert live_watch.most == 2  # side by side: the reference server beside a trial's
     assert recorded.status is live.status is Status.FOUND
     assert recorded.culprit_names == live.culprit_names == [("hash_topk_routed_scaling",)]
     assert recorded.interactions == live.interactions
