@@ -144,9 +144,9 @@ def test_an_interrupted_record_resumes_to_the_same_recording(
 
 @pytest.fixture
 def cli_model(smol: InProcessModel, monkeypatch: pytest.MonkeyPatch) -> InProcessModel:
-    import speedtrap.cli._record as cli_record
+    import speedtrap.cli._probe_common as cli_common
 
-    monkeypatch.setattr(cli_record, "_load_smol", lambda target, overrides, patches=None: smol)
+    monkeypatch.setattr(cli_common, "_load_smol", lambda target, overrides, patches=None: smol)
     return smol
 
 

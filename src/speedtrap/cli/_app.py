@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 check_app = typer.Typer(help="Checks of one configuration against its reference.", no_args_is_help=True)
 app.add_typer(check_app, name="check")
+probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
 
 # Progress bars and human text go to stderr; stdout carries JSON (or the human table).
 err_console = Console(stderr=True)

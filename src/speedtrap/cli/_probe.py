@@ -1,19 +1,18 @@
-"""``speedtrap probe recall`` and ``speedtrap probe divergence``."""
+"""``speedtrap probe recall`` and ``speedtrap probe divergence`` (what they share with ``record`` and
+``check``: ``_probe_common.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from speedtrap._errors import UsageError
 from speedtrap.cli import _serve as _serve  # registers `speedtrap serve`
-from speedtrap.cli._app import app, emit_json, err_console, out_console, user_errors
+from speedtrap.cli._app import emit_json, out_console, probe_app, user_errors
 from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
@@ -28,64 +27,22 @@ from speedtrap.cli._options import (
     TargetOpt,
     TimeoutOpt,
 )
+from speedtrap.cli._probe_common import (
+    _close,
+    _connect,
+    _floats,
+    _http,
+    _ints,
+    _is_url,
+    _load_smol,
+    _patch_names,
+    _print_divergence,
+    _print_recall,
+    candidate_backend,
+)
 
 if TYPE_CHECKING:
-    from speedtrap.probe import Backend, DivergenceReport, NoiseFloor, RecallReport
-
-probe_app = typer.Typer(help="Measure a configuration: planted-fact recall and divergence.", no_args_is_help=True)
-app.add_typer(probe_app, name="probe")
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"--{what} must be integers, comma-separated: {text!r}", f"pass --{what} 256,512") from None
-
-
-def _floats(text: str, what: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"--{what} must be numbers, comma-separated: {text!r}", f"pass --{what} 0.1,0.9") from None
-
-
-def _is_url(target: str) -> bool:
-    return target.startswith(("http://", "https://"))
-
-
-def _http(url: str, model: str, concurrency: int, timeout: float, api: str, retries: int = 4) -> Backend:
-    from speedtrap.probe import HttpBackend
-
-    if api not in {"openai", "vllm", "sglang"}:
-        raise UsageError(f"unknown --api {api!r}", "choose openai, vllm or sglang")
-    key = os.environ.get("SPEEDTRAP_API_KEY")  # sent as a bearer token, never printed
-    return HttpBackend(
-        url,
-        model,
-        concurrency=concurrency,
-        timeout=timeout,
-        retries=retries,
-        api=api,  # type: ignore[arg-type]
-        api_key=key,
-    )
-
-
-def _load_smol(target: str, overrides: list[str] | None, patches: str | None = None) -> Any:
-    """An in-process target with the user patches among ``patches`` (imported before the slow load)."""
-    from speedtrap.patching import parse_patch_list
-    from speedtrap.targets import load_target, parse_overrides, resolve_target
-
-    resolved = resolve_target(target)  # a bad name fails before the spinner
-    with err_console.status(f"loading {target}"):
-        return load_target(resolved, parse_overrides(overrides or []), parse_patch_list(patches))
-
-
-def _patch_names(model: Any, patches: str | None) -> list[str]:
-    from speedtrap.patching import parse_patch_list
-    from speedtrap.targets import patches_switched_on
-
-    return parse_patch_list(patches) if patches is not None else patches_switched_on(model)
+    from speedtrap.probe import Backend, DivergenceReport, NoiseFloor
 
 
 @probe_app.command("recall")
@@ -117,7 +74,7 @@ def recall_cmd(
 ) -> None:
     """Planted-fact recall over a grid of prompt length x fact depth (options override the preset)."""
     if baseline is not None:
-        from speedtrap.cli._record import candidate_backend, recall_against
+        from speedtrap.cli._record import recall_against
 
         if lengths or depths or samples is not None or seed is not None or quick or shared_prefix or results:
             raise UsageError("with --baseline FILE the recording's settings are used", "drop the grid options")
@@ -157,19 +114,6 @@ def recall_cmd(
         emit_json(report.to_json())
         return
     _print_recall(report)
-
-
-def _print_recall(report: RecallReport) -> None:
-    table = Table("length", "depth", "n", "accuracy", "95% interval", "prompt tokens", title=f"recall {report.backend}")
-    for c in report.cells:
-        table.add_row(str(c.length), f"{c.depth:g}", str(c.n), f"{c.accuracy:.2f}", f"{c.low:.2f}-{c.high:.2f}",
-                      str(c.prompt_tokens))  # fmt: skip
-    out_console.print(table)
-    o = report.overall
-    out_console.print(
-        f"overall {o.correct}/{o.n} = {o.accuracy:.2f} (95% {o.low:.2f}-{o.high:.2f}) in {report.elapsed_s:.1f} s",
-        highlight=False,
-    )
 
 
 @probe_app.command("divergence")
@@ -224,7 +168,7 @@ def divergence_cmd(
         if value is not None:
             changes[key] = value
     if baseline and not _is_url(baseline) and Path(baseline).is_file():  # a recording of the baseline
-        from speedtrap.cli._record import candidate_backend, divergence_against
+        from speedtrap.cli._record import divergence_against
 
         if results or resume:
             raise UsageError("--results/--resume are for live baselines", "drop them with --baseline FILE")
@@ -286,38 +230,3 @@ def _verdict(report: DivergenceReport, floor: NoiseFloor | None, margin: float, 
     value = report_figures("divergence", report)[limit.metric]
     return {"metric": limit.metric, "value": value, "bound": limit.value, "origin": limit.origin,
             "fails": limit.fails(value)}  # fmt: skip
-
-
-async def _connect(*backends: Backend) -> None:
-    for b in backends:
-        connect = getattr(b, "connect", None)
-        if connect is not None:
-            await connect()
-
-
-async def _close(*backends: Backend) -> None:
-    for b in backends:
-        await b.aclose()
-
-
-def _print_divergence(report: DivergenceReport) -> None:
-    for phase, div in report.phases.items():
-        table = Table(
-            "positions", "tokens", "KL mean", "median", "p90", "p99", "max", "same top-1", "RMS dp",
-            title=f"{phase}: {report.candidate} vs {report.baseline}",
-        )  # fmt: skip
-        rows = [("all", div.overall), *((f"{b.start}-{b.end - 1}", b.stats) for b in div.by_bucket)]
-        for label, s in rows:
-            table.add_row(label, str(s.tokens), f"{s.kl_mean:.3g}", f"{s.kl_median:.3g}", f"{s.kl_p90:.3g}",
-                          f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
-        out_console.print(table)
-    for side, engine in report.engines.items():
-        out_console.print(f"{side}: {engine}", highlight=False)
-    if report.keys.get("unmapped") or report.keys.get("mapped"):
-        out_console.print(
-            f"token names mapped to ids: {report.keys['mapped']}, left as text (unmapped): {report.keys['unmapped']}"
-            + (f" e.g. {report.keys['examples']!r}" if report.keys.get("examples") else ""),
-            highlight=False,
-        )
-    if report.approximation:
-        err_console.print(f"note: {report.approximation}", highlight=False, markup=False)

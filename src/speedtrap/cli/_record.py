@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,16 +27,13 @@ from speedtrap.cli._options import (
     TargetOpt,
     TimeoutOpt,
 )
-from speedtrap.cli._probe import (
-    _connect,
+from speedtrap.cli._probe_common import (
     _floats,
-    _http,
     _ints,
     _is_url,
-    _load_smol,
-    _patch_names,
     _print_divergence,
     _print_recall,
+    candidate_backend,
 )
 from speedtrap.cli._repeat import store_floor
 
@@ -46,23 +42,6 @@ if TYPE_CHECKING:
     from speedtrap.spec import Bound
 
 PROBES = ("divergence", "recall", "all")
-
-
-def candidate_backend(
-    target: str, model: str, api: str, patches: str | None, set_: list[str] | None, concurrency: int, timeout: float,
-    retries: int,
-) -> Backend:  # fmt: skip
-    """A server URL (patches set at its launch) or an in-process target with patches."""
-    from speedtrap.probe import InProcessBackend
-
-    if _is_url(target):
-        if patches or set_:
-            raise UsageError("a server's patches are set when it is launched", "drop --patches/--set for a URL")
-        backend = _http(target, model, concurrency, timeout, api, retries)
-        asyncio.run(_connect(backend))  # an unreachable server fails here, before any progress bar
-        return backend
-    loaded = _load_smol(target, set_, patches)  # user patches (module:function) join the catalogue
-    return InProcessBackend(loaded, _patch_names(loaded, patches))
 
 
 @app.command("record")

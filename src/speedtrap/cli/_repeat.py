@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from speedtrap._errors import UsageError
-from speedtrap.cli._app import emit_json, err_console, out_console, user_errors
+from speedtrap.cli._app import emit_json, err_console, out_console, probe_app, user_errors
 from speedtrap.cli._options import (
     ApiOpt,
     ConcurrencyOpt,
@@ -26,7 +26,7 @@ from speedtrap.cli._options import (
     TargetOpt,
     TimeoutOpt,
 )
-from speedtrap.cli._probe import _close, _connect, _http, _ints, _is_url, _load_smol, _patch_names, probe_app
+from speedtrap.cli._probe_common import _close, _connect, _http, _ints, _is_url, _load_smol, _patch_names
 
 if TYPE_CHECKING:
     from speedtrap.probe import Backend, RepeatReport

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError, UsageError
+from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
 from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
@@ -83,21 +83,6 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
     elif isinstance(obj, (bool, int, float)):
         out[prefix[:-1]] = float(obj)
     return out
-
-
-def probe_settings(spec: ProbeSpec, repeat: int) -> Any:
-    """The probe package's settings object (``probe.settings_for`` on the spec's typed probe): preset,
-    then the manifest's fields; repeats shift the seed."""
-    from speedtrap import probe
-    from speedtrap.spec import DivergenceProbe, RecallProbe
-
-    cls = DivergenceProbe if spec.kind == "divergence" else RecallProbe
-    kind = "divergence" if spec.kind == "divergence" else "recall"
-    typed = cls.model_construct(kind=kind, preset=spec.preset, settings=dict(spec.settings))  # checked by the loader
-    try:
-        return probe.settings_for(typed, repeat)
-    except UsageError as exc:
-        raise ManifestError(exc.problem, exc.fix) from None
 
 
 def report_figures(kind: str, report: Any) -> dict[str, float]:
@@ -201,7 +186,7 @@ class InProcessOracle:
     def measure(self, request: TrialRequest, attempt: int) -> Measurement:
         from speedtrap import probe
 
-        settings = probe_settings(self.probe, request.repeat)
+        settings = self.probe.probe_settings(request.repeat)
         patches = [*self.always_on, *request.config]
         t0 = time.perf_counter()
         candidate = probe.InProcessBackend(self.model, patches)
@@ -412,7 +397,7 @@ class ServerOracle:
             return run_command_probe(self.probe, base_url, request), None
         from speedtrap import probe
 
-        settings = probe_settings(self.probe, request.repeat)
+        settings = self.probe.probe_settings(request.repeat)
         model = self.probe.model or self.target.served_model or ""
         api: Any = self.probe.api
         if _reference.uses_recording(self.probe):

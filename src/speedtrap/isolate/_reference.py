@@ -28,9 +28,7 @@ def uses_recording(probe: ProbeSpec) -> bool:
 
 def expected_settings(probe: ProbeSpec) -> Any:
     """The divergence settings a recording must hold for this probe (repeats re-measure the same sequences)."""
-    from speedtrap.isolate._oracle import probe_settings
-
-    return probe_settings(probe, 0)
+    return probe.probe_settings(0)
 
 
 def check_settings(probe: ProbeSpec, recording: Any) -> None:

@@ -168,6 +168,21 @@ class ProbeSpec:
             out.update(api=self.api, model=self.model)
         return out
 
+    def probe_settings(self, repeat: int) -> Any:
+        """The probe package's settings object (``probe.settings_for`` on the typed probe): preset, then the
+        manifest's fields; repeats shift the seed. A bad field is a ManifestError."""
+        from speedtrap import probe
+        from speedtrap._errors import ManifestError, UsageError
+        from speedtrap.spec import DivergenceProbe, RecallProbe
+
+        cls = DivergenceProbe if self.kind == "divergence" else RecallProbe
+        kind = "divergence" if self.kind == "divergence" else "recall"
+        typed = cls.model_construct(kind=kind, preset=self.preset, settings=dict(self.settings))  # checked on load
+        try:
+            return probe.settings_for(typed, repeat)
+        except UsageError as exc:
+            raise ManifestError(exc.problem, exc.fix) from None
+
 
 @dataclass(frozen=True)
 class IsolateManifest:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from speedtrap.probe._conversations import Conversation, Fact, build_conversation
     from speedtrap.probe._divergence import DivergenceReport, DivergenceSettings, arun_divergence, run_divergence
     from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
-    from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor, load_floor
+    from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor
     from speedtrap.probe._http import HttpBackend
     from speedtrap.probe._inprocess import InProcessBackend
     from speedtrap.probe._recall import RecallReport, RecallSettings, arun_recall, run_recall
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         resolve_settings,
         run_against,
     )
-    from speedtrap.probe._recording import Identity, Recording, backend_identity, read_recording
+    from speedtrap.probe._recording import Identity, Recording, backend_identity, load_floor, read_recording
     from speedtrap.probe._recording_format import FORMAT as RECORDING_FORMAT
     from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
     from speedtrap.probe._recording_format import RecordingError, add_extension
@@ -140,7 +140,7 @@ _LAZY = {
     "backend_identity": "speedtrap.probe._recording",
     "build_conversation": "speedtrap.probe._conversations",
     "check_identity": "speedtrap.probe._record",
-    "load_floor": "speedtrap.probe._floor",
+    "load_floor": "speedtrap.probe._recording",
     "read_recording": "speedtrap.probe._recording",
     "record": "speedtrap.probe._record",
     "resolve_settings": "speedtrap.probe._record",

@@ -13,9 +13,7 @@ the floor. On a deterministic stack (floor 0) that is ``margin``, the fixed defa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
@@ -23,7 +21,6 @@ from speedtrap.probe._stats import KLStats
 from speedtrap.spec import DEFAULT_MARGIN as DEFAULT_MARGIN
 from speedtrap.spec import metric, metric_names
 
-GZIP_MAGIC = b"\x1f\x8b"  # a recording (gzip JSON records), not a floor file
 KL_FIGURES = tuple(m.stat for m in map(metric, metric_names()) if m.unit == "nats" and m.phase == "decode")
 
 
@@ -86,37 +83,3 @@ class NoiseFloor:
             excluded=tuple(str(x) for x in data.get("excluded", [])),
             note=str(data.get("note", "")),
         )
-
-
-def load_floor(path: Path) -> NoiseFloor:
-    """A floor from a file: the ``floor`` of ``speedtrap probe repeat --json`` output, the floor alone,
-    or a recording that holds one (``speedtrap record --floor``, ``probe repeat --into``)."""
-    try:
-        if path.read_bytes()[:2] == GZIP_MAGIC:
-            return _recorded_floor(path)
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(
-            f"no noise floor file {path}", "write one with: speedtrap probe repeat --json > FILE"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(
-            f"{path} is not a JSON noise floor ({exc})", "write it with speedtrap probe repeat --json"
-        ) from None
-    if isinstance(data, dict) and isinstance(data.get("floor"), dict):
-        data = data["floor"]
-    try:
-        return NoiseFloor.from_json(data)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise UsageError(f"{path} holds no noise floor", "write it with speedtrap probe repeat --json") from None
-
-
-def _recorded_floor(path: Path) -> NoiseFloor:
-    from speedtrap.probe._recording import read_recording  # the recording module reads floors too
-
-    floor = read_recording(path).floor
-    if floor is None:
-        raise UsageError(
-            f"the recording {path} holds no noise floor", f"store one: speedtrap probe repeat --into {path}"
-        )
-    return floor

@@ -4,13 +4,14 @@ The target's identity: the model name it serves (or the in-process target's name
 fingerprint (vocabulary size where known, and a hash of the token ids of a fixed chat message),
 the server version where the API exposes one (``GET /version``), the API a server is asked through, and
 a hash of the weights for in-process targets. Another tokenizer, model, API or weights, or other probe
-settings, is an error
-naming the difference and the fix; another server version is allowed and noted.
+settings, is an error naming the difference and the fix; another server version is allowed and noted.
+A noise floor is read here too (:func:`load_floor`): from its JSON file or from a recording that holds one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,38 @@ def read_recording(path: Path) -> Recording:
     except OSError as exc:
         raise UsageError(f"cannot read recording {str(path)!r}: {exc.strerror}", "check the path") from None
     return Recording.from_bytes(data, str(path))
+
+
+GZIP_MAGIC = b"\x1f\x8b"  # a recording (gzip JSON records), not a floor file
+
+
+def load_floor(path: Path) -> NoiseFloor:
+    """A floor from a file: the ``floor`` of ``speedtrap probe repeat --json`` output, the floor alone,
+    or a recording that holds one (``speedtrap record --floor``, ``probe repeat --into``)."""
+    try:
+        if path.read_bytes()[:2] == GZIP_MAGIC:
+            return _recorded_floor(path)
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"no noise floor file {path}", "write one with: speedtrap probe repeat --json > FILE"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"{path} is not a JSON noise floor ({exc})", "write it with speedtrap probe repeat --json"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("floor"), dict):
+        data = data["floor"]
+    try:
+        return NoiseFloor.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UsageError(f"{path} holds no noise floor", "write it with speedtrap probe repeat --json") from None
+
+
+def _recorded_floor(path: Path) -> NoiseFloor:
+    floor = read_recording(path).floor
+    if floor is None:
+        raise UsageError(
+            f"the recording {path} holds no noise floor", f"store one: speedtrap probe repeat --into {path}"
+        )
+    return floor
