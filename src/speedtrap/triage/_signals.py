@@ -10,6 +10,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from speedtrap.triage._cargs import argument_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
@@ -33,6 +34,7 @@ from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._inert import inert
 from speedtrap.triage._literals import literal_changes
 from speedtrap.triage._pyast import Module, last_name
+from speedtrap.triage._stmtident import statement_identity_changes
 
 __all__ = [
     "GATING",
@@ -95,6 +97,8 @@ def analyze(
                 continue  # proven: the compiler reads the same tokens
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
+            if cf.path.endswith(C_FAMILY) and cf.old_text is not None and cf.new_text is not None:
+                result.signals.extend(_c_argument_signals(cf, cf.old_text, cf.new_text))
             result.changed.extend(_first_changes(cf))
             continue
         if old is not None and new is not None:
@@ -155,6 +159,20 @@ def _first_changes(cf: ChangedFile, limit: int = 4) -> list[Evidence]:
     return code[:limit] or out[:1]
 
 
+def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[Signal]:
+    """C-family: an identity literal swapped with a scale-like expression at a call argument (tokens)."""
+    out: list[Signal] = []
+    for ch in argument_changes(old_text, new_text, cf.removed, cf.added):
+        evidence = (
+            Evidence(cf.path, ch.old_line, "-", cf.removed_text(ch.old_line)),
+            Evidence(cf.path, ch.new_line, "+", cf.added_text(ch.new_line)),
+        )
+        scale_like = ch.before if ch.change == "factor replaced by identity" else ch.after
+        data = {"factor": scale_like, "change": ch.change, "slot": f"{ch.callee}(argument {ch.index + 1})"}
+        out.append(Signal(SCALE, f"{ch.summary} ({cf.path}:{ch.new_line})", evidence, method="tokens", data=data))
+    return out
+
+
 def _identity_signals(
     cf: ChangedFile, old: Module, new: Module, flow: Flow, found: list[IdentityChange]
 ) -> list[Signal]:
@@ -162,6 +180,7 @@ def _identity_signals(
     out: list[Signal] = []
     changes = identity_changes(cf.path, old, new, cf.removed, flow)
     changes += literal_changes(cf.path, old, new, cf.added, cf.removed, flow)
+    changes += statement_identity_changes(cf.path, old, new, cf.removed, cf.added, flow)
     for change in changes:
         unread = not change.reaches and not flow.resolves(new, change.new_node)
         if not change.reaches and not change.unconditional and not (unread and _FACTOR_NAME.search(change.factor)):
