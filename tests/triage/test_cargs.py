@@ -128,3 +128,16 @@ def test_a_scale_replaced_by_the_identity_at_a_cpp_call_is_a_scale_signal_naming
     # a comment next to the call stays proven inert
     tier, reasons = _triage_cpp(tmp_path / "c", SOURCE.replace("1.0f/sqrtf(float(d))", "1.0f/sqrtf(float(d)) /* s */"))
     assert tier == 3 and reasons[0].startswith("same math")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "1.0f", "(", ")", ";", '"s"', "b->c"]), layout), max_size=20))
+def test_each_token_carries_the_line_it_starts_on(parts: list[tuple[str, str]]) -> None:
+    text = "".join(tok + gap for tok, gap in parts)
+    found = tokens_at(text)
+    assert found is not None
+    pos = 0
+    for tok, line in found:  # brute force: the line of the token's first occurrence from here on
+        pos = text.index(tok, pos)
+        assert line == text.count("\n", 0, pos) + 1
+        pos += len(tok)
