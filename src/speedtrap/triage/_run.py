@@ -30,6 +30,7 @@ from speedtrap.triage._trace import (
     trace_tree,
 )
 from speedtrap.triage._units import Units
+from speedtrap.triage._widenfactor import widened_factor_warnings
 
 NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
 
@@ -183,6 +184,8 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)
                 said = "\n".join([*(d.message for d in doubles), *(m.message for m in missing)])
                 missing += statement_warnings(sig.identity, said)
+                for factor in sorted({f for f in (symbol, *sig.factors) if f}):
+                    missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         if reach is not None and files:
