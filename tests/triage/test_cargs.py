@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._cargs import argument_changes, calls, is_identity, is_scale_like, statements
+from speedtrap.triage._cargs import (
+    argument_changes,
+    calls,
+    is_identity,
+    is_scale_like,
+    precision_changes,
+    statements,
+)
 from speedtrap.triage._ctokens import tokens, tokens_at
 
 SOURCE = """\
@@ -141,3 +148,42 @@ def test_each_token_carries_the_line_it_starts_on(parts: list[tuple[str, str]]) 
         pos = text.index(tok, pos)
         assert line == text.count("\n", 0, pos) + 1
         pos += len(tok)
+
+
+PREC = """\
+ggml_tensor * build(ggml_context * ctx0, ggml_tensor * k, ggml_tensor * q, int arch) {
+    ggml_tensor * kq = ggml_mul_mat(ctx0, k, q);
+    // F32: some models overflow in F16
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    return kq;
+}
+"""
+
+
+def test_a_precision_request_removed_or_newly_conditioned_is_a_precision_signal(tmp_path: Path) -> None:
+    removed = PREC.replace("    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n", "")
+    [c] = precision_changes(PREC, removed, *_lines(PREC, removed))
+    assert (c.code, c.old_line, c.new_line) == ("ggml_mul_mat_set_prec(kq, GGML_PREC_F32)", 4, None)
+    narrowed = PREC.replace(
+        "    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n",
+        "    if (arch == LLM_ARCH_PHI2) {\n        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n    }\n",
+    )
+    [c] = precision_changes(PREC, narrowed, *_lines(PREC, narrowed))
+    assert c.conditions == ("if(arch==LLM_ARCH_PHI2){",) and c.new_line == 5
+    # re-indented or commented, the request stays: nothing to say
+    request = "    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n"
+    moved = PREC.replace(request, "  ggml_mul_mat_set_prec( kq, GGML_PREC_F32 ); // x\n")
+    assert precision_changes(PREC, moved, *_lines(PREC, moved)) == []
+    tier, reasons = _triage_source(tmp_path, PREC, removed)
+    assert tier == 2
+    assert reasons[0].startswith("removes the precision request `ggml_mul_mat_set_prec(kq, GGML_PREC_F32)`")
+
+
+def _triage_source(tmp_path: Path, before: str, after: str) -> tuple[int, tuple[str, ...]]:
+    rel = "src/llama-graph.cpp"
+    (tmp_path / "tree" / "src").mkdir(parents=True)
+    (tmp_path / "tree" / rel).write_text(before)
+    diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    (tmp_path / "p.diff").write_text(diff)
+    [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
+    return p.tier, p.ranking.reasons

@@ -10,7 +10,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from speedtrap.triage._cargs import argument_changes
+from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
@@ -170,6 +170,13 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         scale_like = ch.before if ch.change == "factor replaced by identity" else ch.after
         data = {"factor": scale_like, "change": ch.change, "slot": f"{ch.callee}(argument {ch.index + 1})"}
         out.append(Signal(SCALE, f"{ch.summary} ({cf.path}:{ch.new_line})", evidence, method="tokens", data=data))
+    for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
+        ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
+        if pc.new_line is not None:
+            ev.append(Evidence(cf.path, pc.new_line, "+", cf.added_text(pc.new_line)))
+        where = f"{cf.path}:{pc.new_line or pc.old_line}"
+        kind = {"kind": "precision request", "conditions": list(pc.conditions)}
+        out.append(Signal(PRECISION, f"{pc.summary} ({where})", tuple(ev), method="tokens", data=kind))
     return out
 
 
