@@ -248,11 +248,9 @@ def _with_headers(stmts: list[list[Token]]) -> list[tuple[list[Token], tuple[str
     for s in stmts:
         last = s[-1][0]
         out.append((s, tuple(stack)))
-        if last == "}" and len(s) == 1 and stack:
+        if last == "}" and stack:
             stack.pop()
         elif last == "{":
-            if s[0][0] == "}" and stack:
-                stack.pop()
             stack.append(_text(tuple(s)))
     return out
 

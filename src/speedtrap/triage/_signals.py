@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
+from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
@@ -99,6 +100,10 @@ def analyze(
             result.signals.extend(text_signals(cf))
             if cf.path.endswith(C_FAMILY) and cf.old_text is not None and cf.new_text is not None:
                 result.signals.extend(_c_argument_signals(cf, cf.old_text, cf.new_text))
+                text, lines = (cf.new_text, cf.added) if cf.added else (cf.old_text, cf.removed)
+                found = c_hot_path(hot.units.index.root, cf.path, text, lines) if hot is not None else None
+                if found is not None:
+                    result.hot_paths.append(found)
             result.changed.extend(_first_changes(cf))
             continue
         if old is not None and new is not None:
