@@ -51,7 +51,7 @@ class Case:
     factor: str | None = None  # a factor case: the warning must name these sites
     sites: tuple[tuple[str, str], ...] = ()  # (file, code on the line) the warning must name
     base: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # edits that make the base tree
-    held_out: bool = False  # added after the last change to triage's analysis, measured once
+    held_out: str = ""  # which held-out set ("fifth set"): added after the last change to the analysis, measured once
 
 
 V33, V10, S410, S51, S523, LCP = (
@@ -499,6 +499,75 @@ CASES = [
         },
         "the F32 precision of GLM4's FFN down projection removed (C++)",
     ),
+    # Held out, fifth set: written and committed before triage ran on them (the analysis at 8531657, after the
+    # fourth set's fixes); measured once. Left out while looking: vllm#31175 (MiMo-V2 v_scale: the pre-fix code
+    # could not be read), llama.cpp#13951 (Gemma 2/3 attention scale: the pre-fix graph code could not be read),
+    # sglang#28237 (fused shared-expert weight on the aiter/DeepEP path: refactored in 0.5.23 into a helper with
+    # several callers, so no faithful single reversal).
+    Case(
+        "sglang-29278",
+        "sgl-project/sglang#29278 / #28144 (TRTLLM MHA FP8 KV cache: bmm2_scale hard-coded to 1.0, the V descale "
+        "never applied: low-quality, repetitive text on Llama-3.1-70B-Instruct-FP8)",
+        *S523,
+        {
+            "sglang/srt/layers/attention/trtllm_mha_backend.py": [
+                (
+                    '        v_scale = self._get_scalar_scale(layer, "v_scale_float", "v_scale")\n'
+                    "        return q_scale * k_scale * layer.scaling, v_scale\n",
+                    "        return q_scale * k_scale * layer.scaling, 1.0\n",
+                )
+            ]
+        },
+        "the FP8 KV cache's V descale replaced by the identity 1.0 in the BMM2 scale returned to the kernel",
+        "v_scale",
+        (("sglang/srt/layers/attention/trtllm_mha_backend.py", "return q_scale * k_scale * layer.scaling, 1.0"),),
+        held_out="fifth set",
+    ),
+    Case(
+        "sglang-1779",
+        "sgl-project/sglang#1779 (NaNs with FlashInfer under CUDA graphs, #1571: padded requests had seq_len 0; "
+        "the fix fills them with 1)",
+        *S410,
+        {
+            "sglang/srt/layers/attention/flashinfer_backend.py": [
+                (
+                    "    def get_cuda_graph_seq_len_fill_value(self):\n        return 1\n",
+                    "    def get_cuda_graph_seq_len_fill_value(self):\n        return 0\n",
+                )
+            ]
+        },
+        "the FlashInfer backend's padded seq_len for replayed CUDA graphs back to 0 (on the 0.4.10 backend method)",
+        held_out="fifth set",
+    ),
+    Case(
+        "vllm-3653",
+        "vllm-project/vllm#3653 (Gemma, #3411; after huggingface/transformers#29402: the sqrt(hidden_size) "
+        "normalizer must be rounded to the model dtype, 55.5 not 55.4256 in bf16/fp16, as the model was trained)",
+        *V10,
+        {
+            "vllm/model_executor/models/gemma.py": [
+                (
+                    "            hidden_states *= self.normalizer\n",
+                    "            # Normalize the embedding by sqrt(hidden_size)\n"
+                    "            hidden_states *= self.config.hidden_size**0.5\n",
+                ),
+                (
+                    "        # Normalize the embedding by sqrt(hidden_size)\n"
+                    "        # The normalizer's data type should be downcasted to the model's\n"
+                    "        # data type such as bfloat16, not float32.\n"
+                    "        # See https://github.com/huggingface/transformers/pull/29402\n"
+                    "        normalizer = self.config.hidden_size**0.5\n"
+                    '        self.register_buffer("normalizer",\n'
+                    "                             torch.tensor(normalizer),\n"
+                    "                             persistent=False)\n",
+                    "",
+                ),
+            ]
+        },
+        "the embedding normalizer applied as a Python float instead of a buffer cast to the model dtype (a precision "
+        "change of a multiply by a root)",
+        held_out="fifth set",
+    ),
 ]
 
 
@@ -744,7 +813,7 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         d = r["decoy_tiers"]
         decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
-        held = " (held out)" if r.get("held_out") else ""
+        held = f" (held out, {r['held_out']})" if r.get("held_out") else ""
         out.append(
             f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
             f"| {r['seconds']:.2f} |"
@@ -752,10 +821,11 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     out.append("")
     out.append(_totals("all", rows))
     dev = [r for r in rows if not r.get("held_out")]
-    held = [r for r in rows if r.get("held_out")]
-    if dev and held:
+    held_rows = [r for r in rows if r.get("held_out")]
+    if dev and held_rows:
         out.append(_totals("developed on", dev))
-        out.append(_totals("held out", held))
+        sets = ", ".join(sorted({r["held_out"] for r in held_rows}))
+        out.append(_totals(f"held out ({sets})", held_rows))
     return "\n".join(out)
 
 
