@@ -542,7 +542,7 @@ CASES = [
     Case(
         "vllm-3653",
         "vllm-project/vllm#3653 (Gemma, #3411; after huggingface/transformers#29402: the sqrt(hidden_size) "
-        "normalizer must be rounded to the model dtype, 55.5 not 55.4256 in bf16/fp16, as the model was trained)",
+        "normalizer must be rounded to the model dtype: 55.5 in bf16 for hidden_size 3072, not 55.4256)",
         *V10,
         {
             "vllm/model_executor/models/gemma.py": [
