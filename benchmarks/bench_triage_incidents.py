@@ -51,7 +51,7 @@ class Case:
     factor: str | None = None  # a factor case: the warning must name these sites
     sites: tuple[tuple[str, str], ...] = ()  # (file, code on the line) the warning must name
     base: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # edits that make the base tree
-    held_out: bool = False  # added after the last change to triage's analysis, measured once
+    held_out: str = ""  # which held-out set ("fifth set"): added after the last change to the analysis, measured once
 
 
 V33, V10, S410, S51, S523, LCP = (
@@ -352,7 +352,8 @@ CASES = [
         },
         "an argument dropped from the fused top-k call (the shared-expert slots)",
     ),
-    # Held out (third set): added after the last change to triage's analysis (commit 953cfcc), measured once.
+    # Formerly held out, third set (dca5260, measured once at 0/2): the weaknesses they showed (a C-family scale
+    # argument, a statement-level identity selection) were fixed after reading them, so they are developed on now.
     Case(
         "llama.cpp-14892",
         "ggml-org/llama.cpp#14892 (PLaMo2 attention: kq_scale passed as 1.0 instead of 1/sqrt(head_dim), "
@@ -368,7 +369,6 @@ CASES = [
         },
         "the attention scale at a kernel call replaced by the identity 1.0 (C++, llama.cpp vendored in "
         "llama-cpp-python)",
-        held_out=True,
     ),
     Case(
         "sglang-18396",
@@ -397,7 +397,176 @@ CASES = [
         "the FP8-only gate on the checkpoint's k_scale removed from the decode BMM1 scale",
         "k_scale",
         (("sglang/srt/layers/attention/trtllm_mla_backend.py", "return q_scale * k_scale * layer.scaling"),),
-        held_out=True,
+    ),
+    # Formerly held out, fourth set: committed (7840e30) before triage ran on them and measured once at b3bfc40
+    # (1/5 in tier 1, and a reworded log message of sglang-10400 not proven inert); the weaknesses they showed
+    # (a normaliser multiply, C-family precision requests, the text of a log call that computes) were then fixed,
+    # so they are developed on now.
+    Case(
+        "vllm-52692",
+        "vllm-project/vllm#52692 / #52667 (PaliGemma image embeddings still multiplied by hidden_size**-0.5 "
+        "after Gemma's normalizer moved to the text embedding: images at 1/sqrt(H) of their magnitude)",
+        *V33,
+        {
+            "vllm/model_executor/models/paligemma.py": [
+                (
+                    "        vision_embeddings = self._process_image_input(image_input)\n"
+                    "        return vision_embeddings\n",
+                    "        vision_embeddings = self._process_image_input(image_input)\n"
+                    "        vision_embeddings = vision_embeddings * (self.config.hidden_size**-0.5)\n"
+                    "        return vision_embeddings\n",
+                )
+            ]
+        },
+        "a stale inverse normalizer re-applied to the projected image features (a multiply by a power of a size)",
+    ),
+    Case(
+        "vllm-31380",
+        "vllm-project/vllm#31380 (chunked_prefill_paged_decode: default sm_scale from query.shape[1], the number "
+        "of heads, instead of query.shape[2], the head size)",
+        *V33,
+        {
+            "vllm/v1/attention/ops/chunked_prefill_paged_decode.py": [
+                (
+                    "        sm_scale = 1.0 / (query.shape[2] ** 0.5)\n",
+                    "        sm_scale = 1.0 / (query.shape[1] ** 0.5)\n",
+                )
+            ]
+        },
+        "the default softmax scale computed from the wrong dimension",
+    ),
+    Case(
+        "sglang-10400",
+        "sgl-project/sglang#10400 (init the mamba memory pools with torch.zeros: uninitialised conv/SSM state "
+        "read by the first step)",
+        *S523,
+        {
+            "sglang/srt/mem_cache/memory_pool.py": [
+                (
+                    "                conv_state = [\n                    torch.zeros(\n"
+                    "                        size=(num_mamba_layers, size + 1) + conv_shape,\n",
+                    "                conv_state = [\n                    torch.empty(\n"
+                    "                        size=(num_mamba_layers, size + 1) + conv_shape,\n",
+                ),
+                (
+                    "                temporal_state = torch.zeros(\n"
+                    "                    size=(num_mamba_layers, size + 1) + temporal_state_shape,\n",
+                    "                temporal_state = torch.empty(\n"
+                    "                    size=(num_mamba_layers, size + 1) + temporal_state_shape,\n",
+                ),
+            ]
+        },
+        "the mamba conv and temporal state pools allocated uninitialised (on the refactored 0.5.23 pool)",
+    ),
+    Case(
+        "llama.cpp-10015",
+        "ggml-org/llama.cpp#10015 (KQ multiplication in F32 by default: the per-architecture list kept missing "
+        "models that overflow in F16; before it, only PHI2/PHI3/GPTNEOX/QWEN2/NEMOTRON/CHATGLM got F32)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-graph.cpp": [
+                (
+                    "        // note: this op tends to require high floating point range\n"
+                    "        //       while for some models F16 is enough, for others it is not, "
+                    "so we default to F32 here\n"
+                    "        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n",
+                    "        if (arch == LLM_ARCH_PHI2 || arch == LLM_ARCH_PHI3 || arch == LLM_ARCH_GPTNEOX ||\n"
+                    "            arch == LLM_ARCH_QWEN2 || arch == LLM_ARCH_NEMOTRON || arch == LLM_ARCH_CHATGLM) {\n"
+                    "            // for this arch, we need to perform the KQ multiplication with F32 precision, "
+                    "otherwise we get NaNs\n"
+                    "            ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n        }\n",
+                )
+            ]
+        },
+        "F32 KQ precision narrowed back to a list of architectures (the fix reversed; `model.arch` is `arch` in "
+        "this release's llm_graph_context)",
+    ),
+    Case(
+        "llama.cpp-13101",
+        "ggml-org/llama.cpp#13101 (force FP32 compute in GLM4 FFN down: FP16 accumulators overflow, incoherent "
+        "output, #12946)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-graph.cpp": [
+                (
+                    "        cur = build_lora_mm(down, cur);\n"
+                    "        if (arch == LLM_ARCH_GLM4 || arch == LLM_ARCH_GLM4_MOE) {\n"
+                    "            // GLM4 and GLM4_MOE seem to have numerical issues with half-precision accumulators\n"
+                    "            ggml_mul_mat_set_prec(cur, GGML_PREC_F32);\n        }\n",
+                    "        cur = build_lora_mm(down, cur);\n",
+                )
+            ]
+        },
+        "the F32 precision of GLM4's FFN down projection removed (C++)",
+    ),
+    # Held out, fifth set: written and committed before triage ran on them (the analysis at 8531657, after the
+    # fourth set's fixes); measured once. Left out while looking: vllm#31175 (MiMo-V2 v_scale: the pre-fix code
+    # could not be read), llama.cpp#13951 (Gemma 2/3 attention scale: the pre-fix graph code could not be read),
+    # sglang#28237 (fused shared-expert weight on the aiter/DeepEP path: refactored in 0.5.23 into a helper with
+    # several callers, so no faithful single reversal).
+    Case(
+        "sglang-29278",
+        "sgl-project/sglang#29278 / #28144 (TRTLLM MHA FP8 KV cache: bmm2_scale hard-coded to 1.0, the V descale "
+        "never applied: low-quality, repetitive text on Llama-3.1-70B-Instruct-FP8)",
+        *S523,
+        {
+            "sglang/srt/layers/attention/trtllm_mha_backend.py": [
+                (
+                    '        v_scale = self._get_scalar_scale(layer, "v_scale_float", "v_scale")\n'
+                    "        return q_scale * k_scale * layer.scaling, v_scale\n",
+                    "        return q_scale * k_scale * layer.scaling, 1.0\n",
+                )
+            ]
+        },
+        "the FP8 KV cache's V descale replaced by the identity 1.0 in the BMM2 scale returned to the kernel",
+        "v_scale",
+        (("sglang/srt/layers/attention/trtllm_mha_backend.py", "return q_scale * k_scale * layer.scaling, 1.0"),),
+        held_out="fifth set",
+    ),
+    Case(
+        "sglang-1779",
+        "sgl-project/sglang#1779 (NaNs with FlashInfer under CUDA graphs, #1571: padded requests had seq_len 0; "
+        "the fix fills them with 1)",
+        *S410,
+        {
+            "sglang/srt/layers/attention/flashinfer_backend.py": [
+                (
+                    "    def get_cuda_graph_seq_len_fill_value(self):\n        return 1\n",
+                    "    def get_cuda_graph_seq_len_fill_value(self):\n        return 0\n",
+                )
+            ]
+        },
+        "the FlashInfer backend's padded seq_len for replayed CUDA graphs back to 0 (on the 0.4.10 backend method)",
+        held_out="fifth set",
+    ),
+    Case(
+        "vllm-3653",
+        "vllm-project/vllm#3653 (Gemma, #3411; after huggingface/transformers#29402: the sqrt(hidden_size) "
+        "normalizer must be rounded to the model dtype: 55.5 in bf16 for hidden_size 3072, not 55.4256)",
+        *V10,
+        {
+            "vllm/model_executor/models/gemma.py": [
+                (
+                    "            hidden_states *= self.normalizer\n",
+                    "            # Normalize the embedding by sqrt(hidden_size)\n"
+                    "            hidden_states *= self.config.hidden_size**0.5\n",
+                ),
+                (
+                    "        # Normalize the embedding by sqrt(hidden_size)\n"
+                    "        # The normalizer's data type should be downcasted to the model's\n"
+                    "        # data type such as bfloat16, not float32.\n"
+                    "        # See https://github.com/huggingface/transformers/pull/29402\n"
+                    "        normalizer = self.config.hidden_size**0.5\n"
+                    '        self.register_buffer("normalizer",\n'
+                    "                             torch.tensor(normalizer),\n"
+                    "                             persistent=False)\n",
+                    "",
+                ),
+            ]
+        },
+        "the embedding normalizer applied as a Python float instead of a buffer cast to the model dtype (a precision "
+        "change of a multiply by a root)",
+        held_out="fifth set",
     ),
 ]
 
@@ -644,7 +813,7 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         d = r["decoy_tiers"]
         decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
-        held = " (held out)" if r.get("held_out") else ""
+        held = f" (held out, {r['held_out']})" if r.get("held_out") else ""
         out.append(
             f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
             f"| {r['seconds']:.2f} |"
@@ -652,10 +821,11 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     out.append("")
     out.append(_totals("all", rows))
     dev = [r for r in rows if not r.get("held_out")]
-    held = [r for r in rows if r.get("held_out")]
-    if dev and held:
+    held_rows = [r for r in rows if r.get("held_out")]
+    if dev and held_rows:
         out.append(_totals("developed on", dev))
-        out.append(_totals("held out", held))
+        sets = ", ".join(sorted({r["held_out"] for r in held_rows}))
+        out.append(_totals(f"held out ({sets})", held_rows))
     return "\n".join(out)
 
 

@@ -8,12 +8,14 @@ The tree is a trimmed copy of real serving code: the MoE block of SGLang 0.4.10'
 
 from __future__ import annotations
 
+import ast
 import difflib
 from pathlib import Path
 
 import pytest
 
 from speedtrap.triage import from_diff_files, triage
+from speedtrap.triage._inert import inert
 
 MODEL = """\
 import logging
@@ -186,3 +188,20 @@ def test_a_binary_change_is_not_same_math(tree: Path, tmp_path: Path) -> None:
     [p] = triage(from_diff_files([diff], tree)).patches
     assert p.tier == 2 and "same math" not in "\n".join(p.ranking.reasons)
     assert "binary file: not read, so not proven inert" in p.ranking.reasons[0]
+
+
+def test_the_text_of_a_log_call_that_computes_is_inert_but_not_its_arguments_or_directives() -> None:
+    base = "import time\ndef f(started):\n"
+    base += '    logger.info("warmed in %.3f ms", (time.perf_counter() - started) * 1000)\n'
+    reworded = base.replace('"warmed in %.3f ms"', '"[decoy] warmed the kernel in %.3f ms"')
+    assert inert(ast.parse(base), ast.parse(reworded)) is not None
+    changed = [
+        base.replace("%.3f", "%r"),  # another conversion: another method of the value runs
+        base.replace("* 1000", "* 100"),  # the computed argument
+        base.replace('"warmed in %.3f ms", ', '"warmed in %.3f ms %s", time.sleep(1), '),
+    ]
+    for text in changed:
+        assert inert(ast.parse(base), ast.parse(text)) is None, text
+    f_base = base.replace('"warmed in %.3f ms"', 'f"warmed {started}: %.3f"')
+    assert inert(ast.parse(f_base), ast.parse(f_base.replace("warmed {started}:", "took {started} -"))) is not None
+    assert inert(ast.parse(f_base), ast.parse(f_base.replace("{started}", "{started!r}"))) is None

@@ -218,9 +218,25 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                     f"{how} `{short(o, 100)}` in {cond_key[0].replace('<module>', 'module level')} "
                     f"(now `{short(n, 100)}`): the guarded path runs in more cases",
                     tuple(evidence) or (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
-                    data={"kind": "widened", "widened": True, "names": []},
+                    data={
+                        "kind": "widened",
+                        "widened": True,
+                        "names": [],
+                        "function": cond_key[0],
+                        "dropped": [x for x in _names_in(o) if x not in _names_in(n)],
+                    },
                 )
             )
+    return out
+
+
+def _names_in(test: ast.AST) -> list[str]:
+    """The names and attribute names a condition reads, in order, once each."""
+    out: list[str] = []
+    for sub in ast.walk(test):
+        name = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
+        if name is not None and name not in out:
+            out.append(name)
     return out
 
 

@@ -29,13 +29,22 @@ _RAW = re.compile(r"""\b(?:u8|u|U|L)?R\"""")
 def tokens(text: str) -> list[str] | None:
     """The token stream of ``text``, or None when it cannot be read safely (a raw string, an
     unterminated comment or literal)."""
+    found = tokens_at(text)
+    return None if found is None else [t for t, _ in found]
+
+
+def tokens_at(text: str) -> list[tuple[str, int]] | None:
+    """The token stream of ``text`` with the line (1-based) each token starts on; None as for :func:`tokens`."""
     if _RAW.search(text):
         return None
-    out: list[str] = []
+    out: list[tuple[str, int]] = []
     directive = False
     at_line_start = True
+    line = 1
     for m in _TOKEN.finditer(text):
         kind, value = m.lastgroup, m.group()
+        here = line
+        line += value.count("\n")
         if kind == "comment":
             if value.startswith("/*") and not value.endswith("*/"):
                 return None
@@ -48,7 +57,7 @@ def tokens(text: str) -> list[str] | None:
             if value == "\\\n":
                 continue  # a continued line: the directive goes on
             if directive:
-                out.append("\n")
+                out.append(("\n", here))
             directive, at_line_start = False, True
             continue
         if kind == "punct" and value in "\"'":
@@ -58,7 +67,7 @@ def tokens(text: str) -> list[str] | None:
         if at_line_start and value == "#":
             directive = True
         at_line_start = False
-        out.append(value)
+        out.append((value, here))
     return out
 
 

@@ -55,6 +55,7 @@ _LOW_STRINGS = {
 }
 _TF32_FLAGS = {"allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"}
 _FACTOR = re.compile(r"scal|factor|coef|multiplier|temperature|gamma|alpha", re.I)
+_ROOTS = {"sqrt", "rsqrt", "isqrt"}
 _ENV_CALLS = {"getenv", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "get_str_env_var", "env_flag"}
 _FLAG_ROOTS = {
     "server_args",
@@ -303,14 +304,34 @@ def _compared_or_allocated(mod: Module, node: ast.AST) -> bool:
 
 
 def _factor_names(operand: ast.AST, symbol: str | None) -> list[str]:
-    """Factor-like names an operand reads: ``self.scale``, or inside ``(self.scale_depth / sqrt(n))``."""
+    """Factor-like names an operand reads: ``self.scale``, or inside ``(self.scale_depth / sqrt(n))``; and
+    a normaliser it computes, named by its text: a root or inverse power (``hidden_size**-0.5``,
+    ``d ** 0.5``, ``math.sqrt(d)``, ``torch.rsqrt(v)``)."""
     out: list[str] = []
     for n in ast.walk(operand):
         if isinstance(n, (ast.Name, ast.Attribute)):
             name = last_name(n)
             if name and (name == symbol or _FACTOR.search(name)) and name not in out:
                 out.append(name)
+    for n in ast.walk(operand):
+        label = _normaliser(n)
+        if label is not None and label not in out:
+            out.append(label)
     return out
+
+
+def _normaliser(node: ast.AST) -> str | None:
+    """``x ** e`` with a fractional or negative constant ``e``, or a (reciprocal) square root, as text."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        e = node.right
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant):
+            value = e.operand.value
+            return short(node, 80) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(e, ast.Constant) and isinstance(e.value, float) and not e.value.is_integer():
+            return short(node, 80)
+    if isinstance(node, ast.Call) and last_name(node.func) in _ROOTS:
+        return short(node, 80)
+    return None
 
 
 def _factor_ops(mod: Module, lines: frozenset[int], symbol: str | None) -> dict[str, list[tuple[ast.AST, str]]]:

@@ -224,6 +224,7 @@ class IdentityChange:
     new_node: ast.expr = field(compare=False, hash=False, repr=False)
     module: Module | None = field(default=None, compare=False, hash=False, repr=False)  # holds new_node
     unconditional: bool = False  # a literal identity (or no argument) before: the factor never flowed there
+    statement: bool = False  # selected by an ``if`` statement around assignments (``_stmtident``)
 
     @property
     def removes_application(self) -> bool:

@@ -6,6 +6,8 @@ equal by construction:
 - docstrings (comments and layout are not in the AST at all);
 - logging and messages: ``logger.info(...)``, ``print(...)``, ``warnings.warn(...)`` statements whose
   arguments call nothing but pure formatting helpers, and the text of exception and assert messages;
+  a log call whose arguments compute is kept and compared, with only its printed text masked (a
+  %-format string reduced to its directives, the literal parts of an f-string dropped);
 - renamed locals: names a function binds (its parameters excepted) become ``_v0``, ``_v1`` ... in
   order of first appearance, so a consistent rename normalises away and a changed data flow does not;
 - ``x *= a`` / ``x.mul_(a)``, ``x /= a`` / ``x.div_(a)``, ``x += a`` / ``x.add_(a)``, ``x -= a`` / ``x.sub_(a)``;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 
 _LOG_ROOTS = {"logger", "logging", "log", "_logger", "LOGGER", "warnings"}
 _LOG_METHODS = {
@@ -38,6 +41,7 @@ _LOG_METHODS = {
     "warn_once",
 }
 _PURE = {"str", "repr", "len", "format", "join", "type", "getattr", "hasattr", "isinstance", "int", "float", "round"}
+_DIRECTIVE = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?[diouxXeEfFgGcrsa%]")
 _INPLACE = {"mul_": ast.Mult, "div_": ast.Div, "add_": ast.Add, "sub_": ast.Sub}
 _OUT_OF_PLACE = {"mul": ast.Mult, "multiply": ast.Mult, "div": ast.Div, "divide": ast.Div, "true_divide": ast.Div}
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -60,8 +64,19 @@ def _name_of(node: ast.AST) -> str | None:
 
 
 def _is_log_call(node: ast.AST) -> bool:
-    if not isinstance(node, ast.Call):
+    if not isinstance(node, ast.Call) or not _logs(node):
         return False
+    for arg in [*node.args, *(k.value for k in node.keywords)]:
+        for sub in ast.walk(arg):
+            if isinstance(sub, ast.Call) and _name_of(sub.func) not in _PURE:
+                return False  # the message computes something: not provably free of effects
+            if isinstance(sub, ast.NamedExpr):
+                return False
+    return True
+
+
+def _logs(node: ast.Call) -> bool:
+    """Whether a call is a logging or print call (by its name)."""
     func = node.func
     if isinstance(func, ast.Name):
         logging = func.id == "print"
@@ -71,15 +86,22 @@ def _is_log_call(node: ast.AST) -> bool:
         logging = logging or (root == "warnings" and func.attr == "warn")
     else:
         logging = False
-    if not logging:
-        return False
-    for arg in [*node.args, *(k.value for k in node.keywords)]:
-        for sub in ast.walk(arg):
-            if isinstance(sub, ast.Call) and _name_of(sub.func) not in _PURE:
-                return False  # the message computes something: not provably free of effects
-            if isinstance(sub, ast.NamedExpr):
-                return False
-    return True
+    return logging
+
+
+def _directives(text: str) -> str:
+    """A %-format message reduced to its conversion directives: the text around them is only printed."""
+    return "\x00".join(m.group(0) for m in _DIRECTIVE.finditer(text))
+
+
+def _mask_message(call: ast.Call) -> None:
+    """The printed text of a log call that computes is masked; its arguments (and the directives that
+    decide how they are converted) stay and are compared."""
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            call.args[i] = ast.Constant(value=_directives(arg.value))
+        elif isinstance(arg, ast.JoinedStr):
+            arg.values = [v for v in arg.values if not isinstance(v, ast.Constant)]
 
 
 def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -118,6 +140,9 @@ class _Normal(ast.NodeTransformer):
     def visit_Expr(self, node: ast.Expr) -> ast.AST:
         self.generic_visit(node)
         call = node.value
+        if isinstance(call, ast.Call) and _logs(call):
+            _mask_message(call)
+            return node
         if (
             isinstance(call, ast.Call)
             and isinstance(call.func, ast.Attribute)

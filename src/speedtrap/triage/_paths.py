@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from speedtrap.triage._flow import Flow, IdentityChange, Reach
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._pyast import Module
+from speedtrap.triage._stmtident import ADDED
 from speedtrap.triage._trace import (
     MULTIPLY,
     PASS,
@@ -183,8 +184,8 @@ def path_doubles(
     """Every double application the identity changes of one patch make possible."""
     out: list[DoubleApplication] = []
     for change in changes:
-        if change.removes_application:
-            continue
+        if change.removes_application or change.change == ADDED:
+            continue  # fewer applications: no new pair of multiplies
         new = change.module or post.module(change.file)
         if new is None:
             continue

@@ -20,6 +20,7 @@ from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._reach import reachable
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
 from speedtrap.triage._sources import PatchInput, PatchSet
+from speedtrap.triage._stmtident import statement_warnings
 from speedtrap.triage._trace import (
     CountWarning,
     DoubleApplication,
@@ -29,6 +30,7 @@ from speedtrap.triage._trace import (
     trace_tree,
 )
 from speedtrap.triage._units import Units
+from speedtrap.triage._widenfactor import widened_factor_warnings
 
 NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
 
@@ -180,6 +182,10 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)
+                said = "\n".join([*(d.message for d in doubles), *(m.message for m in missing)])
+                missing += statement_warnings(sig.identity, said)
+                for factor in sorted({f for f in (symbol, *sig.factors) if f}):
+                    missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         if reach is not None and files:

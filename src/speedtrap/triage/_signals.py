@@ -10,7 +10,9 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
+from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
@@ -33,6 +35,7 @@ from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._inert import inert
 from speedtrap.triage._literals import literal_changes
 from speedtrap.triage._pyast import Module, last_name
+from speedtrap.triage._stmtident import statement_identity_changes
 
 __all__ = [
     "GATING",
@@ -95,6 +98,12 @@ def analyze(
                 continue  # proven: the compiler reads the same tokens
         if (cf.old_text is not None and old is None) or (cf.new_text is not None and new is None):
             result.signals.extend(text_signals(cf))
+            if cf.path.endswith(C_FAMILY) and cf.old_text is not None and cf.new_text is not None:
+                result.signals.extend(_c_argument_signals(cf, cf.old_text, cf.new_text))
+                text, lines = (cf.new_text, cf.added) if cf.added else (cf.old_text, cf.removed)
+                found = c_hot_path(hot.units.index.root, cf.path, text, lines) if hot is not None else None
+                if found is not None:
+                    result.hot_paths.append(found)
             result.changed.extend(_first_changes(cf))
             continue
         if old is not None and new is not None:
@@ -155,6 +164,27 @@ def _first_changes(cf: ChangedFile, limit: int = 4) -> list[Evidence]:
     return code[:limit] or out[:1]
 
 
+def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[Signal]:
+    """C-family: an identity literal swapped with a scale-like expression at a call argument (tokens)."""
+    out: list[Signal] = []
+    for ch in argument_changes(old_text, new_text, cf.removed, cf.added):
+        evidence = (
+            Evidence(cf.path, ch.old_line, "-", cf.removed_text(ch.old_line)),
+            Evidence(cf.path, ch.new_line, "+", cf.added_text(ch.new_line)),
+        )
+        scale_like = ch.before if ch.change == "factor replaced by identity" else ch.after
+        data = {"factor": scale_like, "change": ch.change, "slot": f"{ch.callee}(argument {ch.index + 1})"}
+        out.append(Signal(SCALE, f"{ch.summary} ({cf.path}:{ch.new_line})", evidence, method="tokens", data=data))
+    for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
+        ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
+        if pc.new_line is not None:
+            ev.append(Evidence(cf.path, pc.new_line, "+", cf.added_text(pc.new_line)))
+        where = f"{cf.path}:{pc.new_line or pc.old_line}"
+        kind = {"kind": "precision request", "conditions": list(pc.conditions)}
+        out.append(Signal(PRECISION, f"{pc.summary} ({where})", tuple(ev), method="tokens", data=kind))
+    return out
+
+
 def _identity_signals(
     cf: ChangedFile, old: Module, new: Module, flow: Flow, found: list[IdentityChange]
 ) -> list[Signal]:
@@ -162,6 +192,7 @@ def _identity_signals(
     out: list[Signal] = []
     changes = identity_changes(cf.path, old, new, cf.removed, flow)
     changes += literal_changes(cf.path, old, new, cf.added, cf.removed, flow)
+    changes += statement_identity_changes(cf.path, old, new, cf.removed, cf.added, flow)
     for change in changes:
         unread = not change.reaches and not flow.resolves(new, change.new_node)
         if not change.reaches and not change.unconditional and not (unread and _FACTOR_NAME.search(change.factor)):
