@@ -7,10 +7,10 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from _triage_one import triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage import from_diff_files, triage
 from speedtrap.triage._cargs import (
     argument_changes,
     calls,
@@ -115,13 +115,7 @@ def test_both_ways_and_not_other_changes() -> None:
 
 
 def _triage_cpp(tmp_path: Path, after: str) -> tuple[int, tuple[str, ...]]:
-    rel = "src/llama-model.cpp"
-    (tmp_path / "tree" / "src").mkdir(parents=True)
-    (tmp_path / "tree" / rel).write_text(SOURCE)
-    diff = "".join(difflib.unified_diff(SOURCE.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    (tmp_path / "p.diff").write_text(diff)
-    [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
-    return p.tier, p.ranking.reasons
+    return triage_one_file(tmp_path, "src/llama-model.cpp", SOURCE, after)
 
 
 def test_a_scale_replaced_by_the_identity_at_a_cpp_call_is_a_scale_signal_naming_the_line(tmp_path: Path) -> None:
@@ -180,10 +174,4 @@ def test_a_precision_request_removed_or_newly_conditioned_is_a_precision_signal(
 
 
 def _triage_source(tmp_path: Path, before: str, after: str) -> tuple[int, tuple[str, ...]]:
-    rel = "src/llama-graph.cpp"
-    (tmp_path / "tree" / "src").mkdir(parents=True)
-    (tmp_path / "tree" / rel).write_text(before)
-    diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    (tmp_path / "p.diff").write_text(diff)
-    [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
-    return p.tier, p.ranking.reasons
+    return triage_one_file(tmp_path, "src/llama-graph.cpp", before, after)

@@ -3,13 +3,12 @@ any token, a string that merely looks like a comment, or a directive's line end 
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
+from _triage_one import triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage import from_diff_files, triage
 from speedtrap.triage._ctokens import inert_c, tokens
 
 SOURCE = """\
@@ -56,13 +55,7 @@ def test_strings_and_directives() -> None:
 
 
 def _triage_cpp(tmp_path: Path, after: str) -> tuple[int, tuple[str, ...]]:
-    rel = "src/llama-model.cpp"
-    (tmp_path / "tree" / "src").mkdir(parents=True)
-    (tmp_path / "tree" / rel).write_text(SOURCE)
-    diff = "".join(difflib.unified_diff(SOURCE.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    (tmp_path / "p.diff").write_text(diff)
-    [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
-    return p.tier, p.ranking.reasons
+    return triage_one_file(tmp_path, "src/llama-model.cpp", SOURCE, after)
 
 
 def test_a_cpp_comment_is_tier_3_and_a_cpp_change_is_not(tmp_path: Path) -> None:

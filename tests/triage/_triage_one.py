@@ -1,0 +1,18 @@
+"""Triage of one patch that changes one file of a small tree (the file's text before and after)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from speedtrap.triage import from_diff_files, triage
+
+
+def triage_one_file(tmp_path: Path, rel: str, before: str, after: str) -> tuple[int, tuple[str, ...]]:
+    """The tier and reasons of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before``."""
+    (tmp_path / "tree" / rel).parent.mkdir(parents=True)
+    (tmp_path / "tree" / rel).write_text(before)
+    diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    (tmp_path / "p.diff").write_text(diff)
+    [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
+    return p.tier, p.ranking.reasons
