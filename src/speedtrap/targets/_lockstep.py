@@ -18,8 +18,9 @@ module state (:func:`module_state` tells) cannot share a step with others.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -33,6 +34,24 @@ T = TypeVar("T")
 # (5, 10: a thread's share is not a multiple of 4), so a sequence decodes to the same bits alone or in
 # any batch (tests/probe/test_batched_decode.py checks it, logits bit for bit).
 MIN_BATCH_ROWS = 4
+
+
+@dataclass
+class LockstepStats:
+    """What lockstep ran: GEMMs, the calls (``F.linear``, grouped) they served, GEMMs per weight."""
+
+    gemms: int = 0
+    calls: int = 0
+    reads: Counter[int] = field(default_factory=Counter)  # GEMMs by the weight's data pointer
+
+    def read(self, weight: Tensor) -> None:
+        self.gemms += 1
+        self.reads[weight.data_ptr()] += 1
+
+    def add(self, other: LockstepStats) -> None:
+        self.gemms += other.gemms
+        self.calls += other.calls
+        self.reads.update(other.reads)
 
 
 @dataclass
@@ -64,8 +83,7 @@ class _Hub:
         self.running = workers
         self.waiting: list[_Gemm] = []
         self.rows = rows
-        self.gemms = 0  # GEMMs run (a test and the benchmark read it)
-        self.calls = 0  # F.linear calls served
+        self.stats = LockstepStats()
 
     def gemm(self, gemm: _Gemm) -> Tensor:
         """In a worker: post one GEMM, wait for its rows."""
@@ -114,7 +132,7 @@ class _Hub:
                     self._linear(group)
                 else:
                     self._grouped(group)
-            self.calls += len(group)
+            self.stats.calls += len(group)
         except Exception as exc:  # handed to the workers, which raise it in their forwards
             for g in group:
                 g.error = exc
@@ -132,7 +150,7 @@ class _Hub:
 
         flat = [g.x.reshape(-1, g.x.shape[-1]) for g in group]
         y = F.linear(self._padded(flat), group[0].weight, group[0].bias)
-        self.gemms += 1
+        self.stats.read(group[0].weight)
         lo = 0
         for g, f in zip(group, flat, strict=True):
             hi = lo + f.shape[0]
@@ -155,7 +173,7 @@ class _Hub:
             if not spans:
                 continue
             y = torch.mm(self._padded([g.x[lo:hi] for g, lo, hi in spans]), weight[e])
-            self.gemms += 1
+            self.stats.read(weight[e])
             at = 0
             for g, lo, hi in spans:
                 assert g.out is not None
@@ -220,14 +238,6 @@ def _rendezvous_mode(hub: _Hub) -> Any:
     return Rendezvous()
 
 
-@dataclass
-class LockstepStats:
-    """What one lockstep run did: GEMMs run and ``F.linear`` calls they served."""
-
-    gemms: int = 0
-    calls: int = 0
-
-
 def lockstep(
     calls: Sequence[Callable[[], T]], rows: int = MIN_BATCH_ROWS, stats: LockstepStats | None = None
 ) -> list[T]:
@@ -259,8 +269,7 @@ def lockstep(
     for w in workers:
         w.join()
     if stats is not None:
-        stats.gemms += hub.gemms
-        stats.calls += hub.calls
+        stats.add(hub.stats)
     for err in errors:
         if err is not None:
             raise err
