@@ -70,7 +70,7 @@ def _check_batched(run: _Run, head: Tensor) -> None:
     assert run.stats.gemms < run.stats.calls  # and the other weights' reads are shared too
 
 
-@pytest.mark.parametrize("spec", ["hf:qwen3_moe", "hf:deepseek_v4", "hf:mixtral"])
+@pytest.mark.parametrize("spec", ["hf:qwen3_moe", "hf:deepseek_v3", "hf:deepseek_v4", "hf:mixtral"])
 def test_hf_lockstep_decoding_is_one_at_a_time_bit_for_bit(spec: str) -> None:
     model = load_target(spec)
     run = _alone_and_together(model)

@@ -66,7 +66,7 @@ class _Gemm:
     offs: Tensor | None = None
     out: Tensor | None = None
     error: BaseException | None = None
-    done: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
 
     def key(self) -> tuple[Any, ...]:
         w, b = self.weight, self.bias
@@ -79,36 +79,39 @@ class _Hub:
     """The rendezvous: workers post GEMMs and wait; the coordinator runs them once all workers wait."""
 
     def __init__(self, workers: int, rows: int) -> None:
-        self.cv = threading.Condition()
+        self.lock = threading.Lock()
+        self.ready = threading.Event()  # set when no worker runs (all wait or have finished)
         self.running = workers
         self.waiting: list[_Gemm] = []
         self.rows = rows
         self.stats = LockstepStats()
 
+    def _stop_running(self) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running == 0:
+                self.ready.set()
+
     def gemm(self, gemm: _Gemm) -> Tensor:
         """In a worker: post one GEMM, wait for its rows."""
-        with self.cv:
+        with self.lock:
             self.waiting.append(gemm)
-            self.running -= 1
-            self.cv.notify_all()
-            while not gemm.done:
-                self.cv.wait()
+        self._stop_running()
+        gemm.done.wait()
         if gemm.error is not None:
             raise gemm.error
         assert gemm.out is not None
         return gemm.out
 
     def finished(self) -> None:
-        with self.cv:
-            self.running -= 1
-            self.cv.notify_all()
+        self._stop_running()
 
     def serve(self) -> None:
         """In the coordinator: until every worker has finished, run each round's GEMMs, one per weight."""
         while True:
-            with self.cv:
-                while self.running > 0:
-                    self.cv.wait()
+            self.ready.wait()
+            with self.lock:
+                self.ready.clear()
                 batch, self.waiting = self.waiting, []
             if not batch:
                 return
@@ -117,11 +120,10 @@ class _Hub:
                 groups.setdefault(gemm.key(), []).append(gemm)
             for group in groups.values():
                 self._run(group)
-            with self.cv:
-                for gemm in batch:
-                    gemm.done = True
+            with self.lock:
                 self.running += len(batch)
-                self.cv.notify_all()
+            for gemm in batch:
+                gemm.done.set()
 
     def _run(self, group: list[_Gemm]) -> None:
         import torch
