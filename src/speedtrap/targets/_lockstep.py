@@ -3,9 +3,11 @@
 A model without its own batched decode (``batch_cache``: transformers models, a user's model) still
 decodes a batch with one weight read per GEMM: each sequence's forward runs in a worker thread of its
 own, exactly as it runs alone (its own cache, its own positions and masks, every op at the shape it has
-alone), except its ``F.linear`` calls (``nn.Linear``, a router, an expert's slice of a 3D weight). Those
-wait at a rendezvous; once every worker waits (or has finished), the coordinator runs one GEMM per weight
-over the rows of all the workers that asked for it and hands each its rows back.
+alone), except its weight GEMMs: ``F.linear`` calls (``nn.Linear``, a router, an expert's slice of a 3-D
+weight) and ``torch._grouped_mm`` calls (transformers' grouped experts). Those wait at a rendezvous
+(a torch function mode in each worker); once every worker waits (or has finished), the coordinator runs
+one GEMM per weight (per expert of a grouped call) over the rows of all the workers that asked for it
+and hands each its rows back.
 
 Bits: every GEMM runs on a multiple of :data:`MIN_BATCH_ROWS` rows (zero rows added), alone or
 together, and a row of ``x @ W.T`` has the same bits for any multiple of 4 rows (torch's CPU GEMM; the
@@ -32,7 +34,7 @@ T = TypeVar("T")
 # CPU GEMM (2.13, AVX2) a row's result is the same bits for any multiple of 4 rows, at 1, 2 or 3
 # threads, and different at 1, 2 or 3 rows (another kernel) and at some other counts with 2 threads
 # (5, 10: a thread's share is not a multiple of 4), so a sequence decodes to the same bits alone or in
-# any batch (tests/probe/test_batched_decode.py checks it, logits bit for bit).
+# any batch (tests/probe/test_batched_decode.py and test_lockstep_decode.py check it, bit for bit).
 MIN_BATCH_ROWS = 4
 
 
