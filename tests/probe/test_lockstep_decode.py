@@ -215,3 +215,22 @@ def test_gemms_on_unpadded_rows_would_change_the_bits() -> None:
 
     assert all(torch.equal(a, b) for a, b in zip(steps(4, False), steps(4, True), strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(steps(1, False), steps(1, True), strict=True))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_gemm_row_has_the_same_bits_at_any_position_of_any_multiple_of_4_rows(threads: int) -> None:
+    """The measured fact lockstep rests on, checked on the machine that runs the tests: a row of
+    ``F.linear`` alone (padded to 4 rows) equals the same row at every position of 4-40 rows, for weight
+    shapes like the tiny targets' and a real model's head."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for n, k in [(8, 64), (128, 64), (96, 32), (1024, 768), (8192, 576)]:
+            w, x = torch.randn(n, k, generator=gen), torch.randn(40, k, generator=gen)
+            alone = torch.cat([F.linear(torch.cat([x[i : i + 1], x.new_zeros(3, k)]), w)[:1] for i in range(40)])
+            for rows in (4, 8, 12, 20, 28, 40):
+                assert torch.equal(F.linear(x[:rows], w), alone[:rows]), (n, k, rows)
+            assert not torch.equal(F.linear(x[:1], w), alone[:1])  # one row alone takes another kernel
+    finally:
+        torch.set_num_threads(before)
