@@ -73,6 +73,35 @@ def llama_tps(gguf: str, threads: int, prompt: int, steps: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
+def gemm_costs(model: InProcessModel, repeats: int = 20) -> None:
+    """Milliseconds of one ``F.linear`` on the model's largest weight at 1, 4 and 20 rows (what padding
+    a step to 4 rows costs here), and of one decode forward: plain, and alone through lockstep."""
+    import torch.nn.functional as F
+
+    weight = max((p for p in model.model.parameters() if p.dim() == 2), key=lambda p: p.numel())
+    cells = []
+    for rows in (1, 4, 20):
+        x = torch.randn(rows, weight.shape[1])
+        F.linear(x, weight)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            F.linear(x, weight)
+        cells.append(f"{rows} rows {(time.perf_counter() - t0) / repeats * 1e3:.2f} ms")
+    print(f"F.linear on the {tuple(weight.shape)} weight: " + ", ".join(cells))
+    caches, tokens = prefilled(model, 1, 16)
+    plain, locked = [], []
+    with torch.inference_mode():
+        for _ in range(repeats // 2):
+            t0 = time.perf_counter()
+            model.logits([tokens[0]], caches[0])
+            plain.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            model.decode_step([tokens[0]], caches)
+            locked.append(time.perf_counter() - t0)
+    print(f"one decode forward: plain (1-row GEMMs) {sum(plain) / len(plain) * 1e3:.1f} ms, "
+          f"decode_step alone {sum(locked) / len(locked) * 1e3:.1f} ms")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,4,10,20")
@@ -81,6 +110,7 @@ def main() -> None:
     parser.add_argument("--llama", action="store_true", help="also llama.cpp (llama-cpp-python) on the same GGUF")
     parser.add_argument("--target", default="smol-moe", help="smol-moe or hf:<model type | directory>")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--costs", action="store_true", help="first: a GEMM at 1, 4, 20 rows; one forward")
     args = parser.parse_args()
     model = load_target(args.target, parse_overrides(args.set))
     threads = torch.get_num_threads()
@@ -88,6 +118,8 @@ def main() -> None:
     print(f"{args.target} {' '.join(args.set)} ({weights:.0f} MB of weights); load average "
           f"{os.getloadavg()[0]:.2f}; torch threads {threads}; prompt {args.prompt} tokens, "
           f"{args.steps} steps")  # fmt: skip
+    if args.costs:
+        gemm_costs(model)
     cols = ["batch", "batched tok/s", "one at a time tok/s", "old (no padding) tok/s", "batched / one at a time"]
     print("| " + " | ".join([*cols, "batched / old", "GEMMs a step: batched / one at a time"]) + " |")
     print("|---|---|---|---|---|---|---|")
