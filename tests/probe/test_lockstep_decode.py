@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from speedtrap.patching import Patch, PatchInfo
 from speedtrap.probe._engine import Engine, Generation, Request
-from speedtrap.targets import InProcessModel, load_target
-from speedtrap.targets._lockstep import LockstepStats, lockstep
+from speedtrap.targets import InProcessModel, LockstepStats, load_target
+from speedtrap.targets._lockstep import lockstep
 
 
 def _requests(model: InProcessModel, n: int = 5) -> list[Request]:
@@ -98,6 +98,43 @@ def test_a_saved_model_directory_batches_bit_for_bit(tmp_path: Path) -> None:
     run = _alone_and_together(model)
     assert model.batches
     _check_batched(run, model.model.hf.lm_head.weight)
+
+
+# More of the model kinds the venv's transformers ships, built from tiny configs (as hf:<directory> would
+# load them once saved): dense, sliding-window, MoE with other expert layouts, GPT-2's Conv1D (its GEMMs
+# are addmm, not F.linear: not shared, still exact; only the head's reads are).
+_KINDS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {},
+    "mistral": {},
+    "gemma2": {"head_dim": 16, "sliding_window": 8},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 32},
+    "granitemoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "sliding_window": 8},
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+def test_more_transformers_kinds_batch_bit_for_bit(kind: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from speedtrap.targets.hf import HFCausalLM
+
+    base = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+            "initializer_range": 0.2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
+    config = AutoConfig.for_model(kind, **(base | _KINDS[kind]))
+    config._attn_implementation = "eager"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(config).float().eval().requires_grad_(False)
+    model = InProcessModel(f"hf:{kind}", HFCausalLM(hf), None, [], {"vocab_size": 128})
+    run = _alone_and_together(model)
+    assert model.batches
+    _check_batched(run, hf.lm_head.weight)
 
 
 # -- a user's own nn.Module (the Target protocol, not transformers) -----------------------------------
