@@ -87,6 +87,7 @@ class _Hub:
         self.waiting: list[_Gemm] = []
         self.rows = rows
         self.stats = LockstepStats()
+        self.inline = workers == 1
 
     def _stop_running(self) -> None:
         with self.lock:
@@ -95,11 +96,15 @@ class _Hub:
                 self.ready.set()
 
     def gemm(self, gemm: _Gemm) -> Tensor:
-        """In a worker: post one GEMM, wait for its rows."""
-        with self.lock:
-            self.waiting.append(gemm)
-        self._stop_running()
-        gemm.done.wait()
+        """In a worker: post one GEMM, wait for its rows (a lone sequence's run on its own thread: the
+        same GEMM on the same rows, without a thread handoff)."""
+        if self.inline:
+            self._run([gemm])
+        else:
+            with self.lock:
+                self.waiting.append(gemm)
+            self._stop_running()
+            gemm.done.wait()
         if gemm.error is not None:
             raise gemm.error
         assert gemm.out is not None
@@ -246,12 +251,20 @@ def lockstep(
     calls: Sequence[Callable[[], T]], rows: int = MIN_BATCH_ROWS, stats: LockstepStats | None = None
 ) -> list[T]:
     """Run ``calls`` (forwards, one per sequence) side by side, each in its own worker thread, their
-    ``F.linear`` GEMMs run together on the calling thread (see the module's docstring)."""
+    weight GEMMs run together on the calling thread (see the module's docstring). A single call runs
+    on the calling thread, its GEMMs padded the same way. The workers use the calling thread's torch
+    thread count, so an op a sequence computes alone has the same bits on either thread."""
     import torch
 
     if not calls:
         return []
     hub = _Hub(len(calls), rows)
+    if hub.inline:  # alone: the forward runs here, its GEMMs exactly as a batch would run its rows
+        with torch.inference_mode(), _rendezvous_mode(hub):
+            result = calls[0]()
+        if stats is not None:
+            stats.add(hub.stats)
+        return [result]
     threads = torch.get_num_threads()
     results: list[Any] = [None] * len(calls)
     errors: list[BaseException | None] = [None] * len(calls)
