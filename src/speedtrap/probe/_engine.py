@@ -6,11 +6,12 @@ prompt) is run through a copy of that cache, and answer tokens are decoded greed
 computes the prefix exactly as a hit would have been computed, so the numbers never depend on the
 order requests arrive in: the in-process probe and ``speedtrap serve`` give the same answers.
 
-Requests given together (:meth:`Engine.generate_many`) are decoded together: one forward a step for
-all unfinished sequences, each attending to its own unpadded KV cache, the weight GEMMs run once for
-all of them (decoding is memory-bound: a step reads every weight, for one sequence or twenty). A
-sequence gets the same tokens, bit for bit the same logits, alone or in any batch
-(``InProcessModel.decode_step``); a finished one drops out of the next step.
+Requests given together (:meth:`Engine.generate_many`) are decoded together: one step for all
+unfinished sequences, each attending to its own unpadded KV cache, the weight GEMMs run once for all
+of them (decoding is memory-bound: a step reads every weight, for one sequence or twenty): smol-moe in
+one forward over a ragged cache, other models (``hf:``, a user's) in lockstep, a forward per sequence
+with the GEMMs shared. A sequence gets the same tokens, bit for bit the same logits, alone or in any
+batch (``InProcessModel.decode_step``); a finished one drops out of the next step.
 """
 
 from __future__ import annotations

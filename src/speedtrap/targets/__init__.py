@@ -18,11 +18,13 @@ from collections.abc import Mapping, Sequence
 from speedtrap._errors import UsageError
 from speedtrap.patching import names_switched_on
 from speedtrap.targets._base import CausalLM, InProcessModel, Target
+from speedtrap.targets._lockstep import LockstepStats
 from speedtrap.targets._userpatch import UserPatch, is_entry_point, load_user_patch
 
 __all__ = [
     "CausalLM",
     "InProcessModel",
+    "LockstepStats",
     "Target",
     "UserPatch",
     "is_entry_point",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from speedtrap._errors import ProbeError, UsageError
@@ -15,12 +16,7 @@ if TYPE_CHECKING:  # torch is imported where a model runs, so the CLI starts fas
     from torch import Tensor, nn
 
 
-# A batched decode step runs its weight GEMMs on a multiple of this many rows (padding rows added): on
-# torch's CPU GEMM (2.13, AVX2) a row's result is the same bits for any multiple of 4 rows, at 1, 2 or 3
-# threads, and different at 1, 2 or 3 rows (another kernel) and at some other counts with 2 threads
-# (5, 10: a thread's share is not a multiple of 4), so a sequence decodes to the same bits alone or in
-# any batch (tests/probe/test_batched_decode.py checks it, logits bit for bit).
-MIN_BATCH_ROWS = 4
+from speedtrap.targets._lockstep import MIN_BATCH_ROWS, LockstepStats  # why 4: see there
 
 
 class CausalLM(Protocol):
@@ -49,6 +45,9 @@ class InProcessModel:
     config: dict[str, Any]
     active: tuple[str, ...] = ()
     _undo: Undo = field(default_factory=Undo)
+    # per set of active patches: whether its forwards keep no state (lockstep decoding is then exact)
+    _stateless: dict[tuple[str, ...], bool] = field(default_factory=dict)
+    lockstep_stats: LockstepStats = field(default_factory=LockstepStats)  # GEMMs lockstep ran, calls served
 
     def set_patches(self, names: Iterable[str]) -> None:
         """Undo the patches now applied, then apply ``names`` (in catalogue order)."""
@@ -115,25 +114,59 @@ class InProcessModel:
 
     @property
     def batches(self) -> bool:
-        """Whether the model decodes several sequences in one step (:class:`BatchDecoder`)."""
-        return callable(getattr(self.model, "batch_cache", None))
+        """Whether decode steps run several sequences in one step: the model's own batched decode
+        (:class:`BatchDecoder`), or lockstep (:mod:`speedtrap.targets._lockstep`: every other model)
+        unless the model says it cannot (``lockstep_safe()`` False) or its first decode step changed
+        module state (checked once per set of active patches; until then this says True)."""
+        if callable(getattr(self.model, "batch_cache", None)):
+            return True
+        declared = getattr(self.model, "lockstep_safe", None)
+        if callable(declared) and not declared():
+            return False
+        return self._stateless.get(self.active, True)
 
     def decode_step(self, tokens: Sequence[int], caches: Sequence[Any]) -> Tensor:
         """Logits [len(tokens), vocab]: token i fed on top of ``caches[i]`` (each grows by one), in one
         forward whose GEMMs read the weights once for all (:data:`MIN_BATCH_ROWS` rows at least).
-        A model without ``batch_cache`` runs them one at a time."""
+
+        A model without ``batch_cache`` runs lockstep: a forward per sequence, its weight GEMMs shared
+        (the same bits alone or together); one that :attr:`batches` rules out runs its sequences one
+        after another, each still through lockstep (so its answers are the same bits either way)."""
         import torch
 
         if len(tokens) != len(caches) or not tokens:
             raise ValueError("decode_step needs one cache per token, and at least one")
+        if callable(getattr(self.model, "batch_cache", None)):
+            rows = -(-len(tokens) // MIN_BATCH_ROWS) * MIN_BATCH_ROWS
+            fed = [int(t) for t in tokens] + [int(tokens[0])] * (rows - len(tokens))
+            cache = cast(BatchDecoder, self.model).batch_cache(list(caches), rows)
+            with torch.inference_mode():
+                out: Tensor = self.model(torch.tensor(fed, dtype=torch.long).unsqueeze(-1), cache)
+            return out[: len(tokens), -1]
+        from speedtrap.targets._lockstep import lockstep
+
+        calls = [partial(self._one_token, int(t), c) for t, c in zip(tokens, caches, strict=True)]
+        if self.active not in self._stateless:
+            return torch.stack([self._checked(call) for call in calls])
         if not self.batches:
-            return torch.stack([self.logits([int(t)], c)[-1] for t, c in zip(tokens, caches, strict=True)])
-        rows = -(-len(tokens) // MIN_BATCH_ROWS) * MIN_BATCH_ROWS
-        fed = [int(t) for t in tokens] + [int(tokens[0])] * (rows - len(tokens))
-        cache = cast(BatchDecoder, self.model).batch_cache(list(caches), rows)
-        with torch.inference_mode():
-            out: Tensor = self.model(torch.tensor(fed, dtype=torch.long).unsqueeze(-1), cache)
-        return out[: len(tokens), -1]
+            return torch.stack([lockstep([call], stats=self.lockstep_stats)[0] for call in calls])
+        return torch.stack(lockstep(calls, stats=self.lockstep_stats))
+
+    def _one_token(self, token: int, cache: Any) -> Tensor:
+        import torch
+
+        out: Tensor = self.model(torch.tensor([[token]], dtype=torch.long), cache)
+        return out[0, -1]
+
+    def _checked(self, call: Callable[[], Tensor]) -> Tensor:
+        """``call`` alone through lockstep, recording whether it changed module state."""
+        from speedtrap.targets._lockstep import lockstep, module_state
+
+        before = module_state(self.model)
+        row = lockstep([call], stats=self.lockstep_stats)[0]
+        same = module_state(self.model) == before
+        self._stateless[self.active] = self._stateless.get(self.active, True) and same
+        return row
 
 
 class Target(Protocol):

@@ -7,6 +7,8 @@
 
 Each is wrapped in :class:`HFCausalLM`, which speaks the localizer's interface:
 ``model(input_ids, cache=None) -> logits`` with a transformers ``DynamicCache`` that grows in place.
+Decoding batches in lockstep (``speedtrap.targets._lockstep``: a forward per sequence, the weight GEMMs
+shared, the same bits alone or together) unless :meth:`HFCausalLM.lockstep_safe` says it cannot.
 These targets carry no built-in patches; user patches (``module:function``) are added at load.
 """
 
@@ -109,6 +111,16 @@ class HFCausalLM(nn.Module):
                 return copy.deepcopy(self)
 
         return Cache(config=cast(Any, self.hf).config)
+
+    def lockstep_safe(self) -> bool:
+        """Whether sequences may decode in lockstep: not with a RoPE whose forward rebuilds its table for
+        the sequence length at hand (``dynamic``, ``longrope``: state shared by every sequence)."""
+        for module in self.hf.modules():
+            kinds = getattr(module, "rope_type", None)
+            names = kinds.values() if isinstance(kinds, dict) else [kinds]
+            if any(isinstance(n, str) and ("dynamic" in n or "longrope" in n) for n in names):
+                return False
+        return True
 
     def patch_root(self) -> nn.Module:
         """What a user patch receives: the transformers model itself."""
