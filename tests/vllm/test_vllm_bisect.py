@@ -24,7 +24,7 @@ from speedtrap.isolate import (
     load_isolate_manifest,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.stack]  # a whole hunt on a real vLLM: a benchmark, out of CI (docs/performance.md)
+pytestmark = [pytest.mark.slow, pytest.mark.stack]  # a whole hunt on a real vLLM: a benchmark, out of CI
 
 MANIFEST = ROOT / "examples" / "vllm" / "speedtrap.toml"
 CULPRIT = "double_norm_gain"  # applies a norm's gain twice in layers 2-4 (examples/vllm/plugin)
