@@ -76,3 +76,20 @@ def test_hf_batched_decoding_is_one_at_a_time() -> None:
     together = engine.generate_many(requests)
     _same(alone, together)
     assert [len(g.token_ids) for g in together] == [3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "exp", "rsqrt", "silu", "softplus"])
+def test_an_elementwise_row_has_the_same_bits_at_any_multiple_of_8_rows(op: str) -> None:
+    """The fact smol-moe's batched decode rests on (``BATCH_CACHE_ROWS``), checked on the machine that runs
+    the tests: an elementwise op gives a row the same bits at 8-40 rows, at every row width smol-moe has.
+    (At 4 rows of 4 values an AVX-512 CPU takes the scalar tail and the bits differ; AVX2 does not.)"""
+    import torch
+    import torch.nn.functional as F
+
+    fn = {"sigmoid": torch.sigmoid, "exp": torch.exp, "rsqrt": torch.rsqrt, "silu": F.silu, "softplus": F.softplus}[op]
+    gen = torch.Generator().manual_seed(0)
+    for width in (4, 16, 24, 108, 576, 1428):
+        x = torch.rand(40, width, generator=gen) + 0.5
+        alone = torch.cat([fn(torch.cat([x[i : i + 1], x[:1].expand(7, width)]))[:1] for i in range(40)])
+        for rows in (8, 16, 24, 40):
+            assert torch.equal(fn(x[:rows]), alone[:rows]), (op, width, rows)

@@ -16,7 +16,9 @@ from probe_helpers import HTTP_GRID, Server
 from speedtrap.probe import DivergenceSettings, HttpBackend, run_divergence, run_recall
 
 RATE = 0.10
-TIMEOUT_S = 60.0  # the client's (a chat answer on a busy 2-core machine takes seconds); a stall lasts longer
+# The client's timeout: a stall lasts just past it, so each probe waits this long once. An answer here (4
+# questions at 256 tokens, or 4 sequences of 96) takes about a second on a busy 2-core machine.
+TIMEOUT_S = 15.0
 DIVERGENCE = DivergenceSettings(lengths=(96,), sequences=4, decode_tokens=8, bucket_size=32)
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # torch is imported where a model runs, so the CLI starts fas
     from torch import Tensor, nn
 
 
-from speedtrap.targets._lockstep import MIN_BATCH_ROWS, LockstepStats  # why 4: see there
+from speedtrap.targets._lockstep import BATCH_CACHE_ROWS, LockstepStats  # why 8: see there
 
 
 class CausalLM(Protocol):
@@ -127,7 +127,7 @@ class InProcessModel:
 
     def decode_step(self, tokens: Sequence[int], caches: Sequence[Any]) -> Tensor:
         """Logits [len(tokens), vocab]: token i fed on top of ``caches[i]`` (each grows by one), in one
-        forward whose GEMMs read the weights once for all (:data:`MIN_BATCH_ROWS` rows at least).
+        forward whose GEMMs read the weights once for all (:data:`BATCH_CACHE_ROWS` rows at a time).
 
         A model without ``batch_cache`` runs lockstep: a forward per sequence, its weight GEMMs shared
         (the same bits alone or together); one that :attr:`batches` rules out runs its sequences one
@@ -137,7 +137,7 @@ class InProcessModel:
         if len(tokens) != len(caches) or not tokens:
             raise ValueError("decode_step needs one cache per token, and at least one")
         if callable(getattr(self.model, "batch_cache", None)):
-            rows = -(-len(tokens) // MIN_BATCH_ROWS) * MIN_BATCH_ROWS
+            rows = -(-len(tokens) // BATCH_CACHE_ROWS) * BATCH_CACHE_ROWS
             fed = [int(t) for t in tokens] + [int(tokens[0])] * (rows - len(tokens))
             cache = cast(BatchDecoder, self.model).batch_cache(list(caches), rows)
             with torch.inference_mode():

@@ -37,6 +37,15 @@ T = TypeVar("T")
 # any batch (tests/probe/test_batched_decode.py and test_lockstep_decode.py check it, bit for bit).
 MIN_BATCH_ROWS = 4
 
+# A model with its own batched decode (``batch_cache``: smol-moe) runs every op of a step over all rows,
+# not only the GEMMs, so its elementwise ops must not see the batch either. ATen's vectorized loops take
+# two vectors a step (16 floats on AVX2, 32 on AVX-512) and leave the last elements of a contiguous
+# tensor to scalar code, whose sigmoid and exp differ from the vector ones in the last bit: on an
+# AVX-512 CPU, smol-moe's hyper-connection weights (4 values a row) went through scalar code at 4 rows
+# and vector code at 8, and a batch changed a sequence's logits. With 8 rows at a time every row width
+# smol-moe has (4, 16, 24, 108, 576, 1428 values) fills whole steps on both (tests/probe/test_batched_decode.py).
+BATCH_CACHE_ROWS = 8
+
 
 @dataclass
 class LockstepStats:
