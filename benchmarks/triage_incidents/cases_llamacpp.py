@@ -63,4 +63,25 @@ CASES: list[Case] = [
         },
         "the F32 precision of GLM4's FFN down projection removed (C++)",
     ),
+    Case(
+        "llama.cpp-13260",
+        "ggml-org/llama.cpp#13260 (PLaMo's RoPE type is NeoX: PLaMo was broken for over a year by the normal, "
+        "consecutive-pair RoPE)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-model.cpp": [
+                (
+                    "        case LLM_ARCH_STARCODER:\n        case LLM_ARCH_INTERNLM2:\n",
+                    "        case LLM_ARCH_STARCODER:\n        case LLM_ARCH_PLAMO:\n"
+                    "        case LLM_ARCH_INTERNLM2:\n",
+                ),
+                (
+                    "        case LLM_ARCH_PHIMOE:\n        case LLM_ARCH_PLAMO:\n        case LLM_ARCH_PLAMO2:\n",
+                    "        case LLM_ARCH_PHIMOE:\n        case LLM_ARCH_PLAMO2:\n",
+                ),
+            ]
+        },
+        "PLaMo moved back from the NeoX RoPE list to the normal RoPE list in llama_model_rope_type (C++)",
+        held_out="sixth set",
+    ),
 ]

@@ -229,4 +229,31 @@ CASES: list[Case] = [
         "the FlashInfer backend's padded seq_len for replayed CUDA graphs back to 0 (on the 0.4.10 backend method)",
         held_out="fifth set",
     ),
+    Case(
+        "sglang-20819",
+        "sgl-project/sglang#20819 (block-FP8 Triton GEMM: scale_step_k = BLOCK_SIZE_K // group_k is 0 when "
+        "BLOCK_SIZE_K < group_k, so the K scales never advance; seen with tuned configs on Qwen3.5-35B-A3B-FP8)",
+        *S523,
+        {
+            "sglang/kernels/ops/gemm/fp8_kernel.py": [
+                (
+                    "    n_tiles_k_per_group_k = group_k // BLOCK_SIZE_K\n\n"
+                    "    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)\n"
+                    "    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):\n        if needs_masking:\n",
+                    "    scale_step_k = BLOCK_SIZE_K // group_k\n\n"
+                    "    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)\n"
+                    "    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):\n        if needs_masking:\n",
+                ),
+                (
+                    "        scale_step_k = tl.where((k + 1) % n_tiles_k_per_group_k == 0, 1, 0)\n"
+                    "        accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]\n",
+                    "        accumulator += tl.dot(a, b) * a_s[:, None] * b_s[None, :]\n",
+                ),
+            ]
+        },
+        "the K-scale pointer step of the shared block-FP8 Triton GEMM back to an integer division that is 0 for "
+        "small K tiles (only `_w8a8_block_fp8_matmul`, the kernel the fix changed; the later Hopper split-K and "
+        "gfx1250 kernels keep it)",
+        held_out="sixth set",
+    ),
 ]

@@ -202,4 +202,32 @@ CASES: list[Case] = [
         "change of a multiply by a root)",
         held_out="fifth set",
     ),
+    Case(
+        "vllm-18807",
+        "vllm-project/vllm#18807 (FA2 MLA accuracy, #18561 / #18766: the padded V output sliced inside the "
+        "attention helper, before merge_attn_states, which does not support tensor slices; DeepSeek-V2-Lite gsm8k "
+        "broken on A100)",
+        *V10,
+        {
+            "vllm/v1/attention/backends/mla/common.py": [
+                (
+                    "            attn_out, lse = attn_out[0], attn_out[1]\n\n"
+                    "        # Remain consistent with old `flash_attn_varlen_func` where there\n",
+                    "            attn_out, lse = attn_out[0], attn_out[1]\n\n"
+                    "        # unpad if necessary\n        if self._pad_v:\n"
+                    "            attn_out = attn_out[..., :v.shape[-1]]\n\n"
+                    "        # Remain consistent with old `flash_attn_varlen_func` where there\n",
+                ),
+                (
+                    "        # unpad if necessary\n        if self._pad_v:\n"
+                    "            output = output[..., :v.shape[-1]]\n\n"
+                    "        return output.flatten(start_dim=-2)\n",
+                    "        return output.flatten(start_dim=-2)\n",
+                ),
+            ]
+        },
+        "the unpadding of the MLA prefill output moved back before the attention-state merges (a slice handed to "
+        "merge_attn_states)",
+        held_out="sixth set",
+    ),
 ]
