@@ -28,6 +28,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out.append(_totals("developed on", dev))
         sets = ", ".join(sorted({r["held_out"] for r in held_rows}))
         out.append(_totals(f"held out ({sets})", held_rows))
+        by_set = sorted({r["held_out"] for r in held_rows})
+        if len(by_set) > 1:  # each held-out set on its own line too
+            out.extend(_totals(f"held out ({s})", [r for r in held_rows if r["held_out"] == s]) for s in by_set)
     return "\n".join(out)
 
 
