@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _triage_one import triage_one_file
+from _triage_one import changed_lines, triage_one_file
 
 from speedtrap.triage._cswitch import case_moves
 
@@ -51,20 +51,8 @@ MOVED = SOURCE.replace(
 ).replace("        case LLM_ARCH_QWEN2:\n        case LLM_ARCH_PLAMO:\n", "        case LLM_ARCH_QWEN2:\n")
 
 
-def _lines(before: str, after: str) -> tuple[frozenset[int], frozenset[int]]:
-    import difflib
-
-    removed, added = set(), set()
-    sm = difflib.SequenceMatcher(a=before.splitlines(), b=after.splitlines())
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op != "equal":
-            removed |= set(range(i1 + 1, i2 + 1))
-            added |= set(range(j1 + 1, j2 + 1))
-    return frozenset(removed), frozenset(added)
-
-
 def test_a_label_moved_between_groups() -> None:
-    [move] = case_moves(SOURCE, MOVED, *_lines(SOURCE, MOVED))
+    [move] = case_moves(SOURCE, MOVED, *changed_lines(SOURCE, MOVED))
     assert move.label == "LLM_ARCH_PLAMO"
     assert move.switch == "switch (model -> arch) in llama_model_rope_type"
     assert (move.before, move.after) == ("return LLAMA_ROPE_TYPE_NEOX", "return LLAMA_ROPE_TYPE_NORM")
@@ -82,8 +70,8 @@ def test_labels_reordered_within_a_group_or_added_are_no_move() -> None:
         "        case LLM_ARCH_QWEN2:\n        case LLM_ARCH_PLAMO:\n",
         "        case LLM_ARCH_PLAMO:\n        case LLM_ARCH_QWEN2:\n",
     )
-    assert case_moves(SOURCE, reordered, *_lines(SOURCE, reordered)) == []
+    assert case_moves(SOURCE, reordered, *changed_lines(SOURCE, reordered)) == []
     added = SOURCE.replace(
         "        case LLM_ARCH_GEMMA:\n", "        case LLM_ARCH_GEMMA:\n        case LLM_ARCH_GEMMA2:\n"
     )
-    assert case_moves(SOURCE, added, *_lines(SOURCE, added)) == []
+    assert case_moves(SOURCE, added, *changed_lines(SOURCE, added)) == []
