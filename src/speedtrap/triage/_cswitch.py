@@ -1,4 +1,5 @@
-"""C-family ``switch`` statements read on tokens: a case label moved from one group of cases to another
+"""C-family ``switch`` statements, read on the statements and block headers of ``_cargs`` (tokens): a case
+label moved from one group of cases to another
 (``case LLM_ARCH_X:`` taken out of the cases that ``return A`` and put among those that ``return B``).
 The key still matches, but it now selects another value or another branch: a selection change, named
 with both outcomes.
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speedtrap.triage._cargs import Token, _with_headers, statements
+from speedtrap.triage._chot import _definition
 from speedtrap.triage._ctokens import tokens_at
-
-Token = tuple[str, int]  # (text, line)
 
 
 @dataclass(frozen=True)
@@ -30,91 +31,49 @@ class CaseMove:
         )
 
 
-def _function_before(toks: list[Token], i: int) -> str | None:
-    """The name of the function whose body opens at ``toks[i]`` (``name ( ... ) [const] {``)."""
-    j = i - 1
-    while j >= 0 and toks[j][0] in ("const", "override", "noexcept", "final"):
-        j -= 1
-    if j < 0 or toks[j][0] != ")":
+def _labels(stmt: list[Token]) -> tuple[list[tuple[str, int]], list[str]]:
+    """The case labels (with their lines) a statement opens with (``case A: case B:``, ``default:``), and the
+    tokens after them."""
+    labels: list[tuple[str, int]] = []
+    i = 0
+    while i < len(stmt) and stmt[i][0] in ("case", "default"):
+        j = i + 1
+        while j < len(stmt) and stmt[j][0] != ":":
+            j += 1
+        labels.append((" ".join(t for t, _ in stmt[i + 1 : j]) if stmt[i][0] == "case" else "default", stmt[i][1]))
+        i = j + 1
+    return labels, [t for t, _ in stmt[i:]]
+
+
+def _switch_words(headers: tuple[str, ...]) -> str | None:
+    """The innermost ``switch`` around a statement, with the function that holds it."""
+    switch = next((h for h in reversed(headers) if h.startswith("switch(")), None)
+    if switch is None:
         return None
-    depth = 0
-    while j >= 0:
-        depth += {")": 1, "(": -1}.get(toks[j][0], 0)
-        if depth == 0:
-            break
-        j -= 1
-    name = toks[j - 1][0] if j > 0 else ""
-    return name if name.replace("_", "a").isalnum() and name not in ("if", "for", "while", "switch") else None
-
-
-def _statement(toks: list[Token], i: int) -> str:
-    """The first statement from ``toks[i]`` (inside a ``{`` block if one opens there), as text."""
-    if i < len(toks) and toks[i][0] == "{":
-        i += 1
-    out: list[str] = []
-    depth = 0
-    while i < len(toks) and len(out) < 40:
-        text = toks[i][0]
-        if depth == 0 and text in (";", "}"):
-            break
-        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(text, 0)
-        out.append(text)
-        i += 1
-    return " ".join(out)
+    func = next((name for h in headers if (name := _definition(h)) is not None), None)
+    return f"switch {switch.removeprefix('switch').removesuffix('{')} in {func or 'file scope'}"
 
 
 def case_groups(text: str) -> dict[tuple[str, str], tuple[str, int]] | None:
-    """Each case label keyed by (its switch, the label), with what its group does and its line."""
+    """Each case label keyed by (its switch, the label), with what its group does first and its line."""
     toks = tokens_at(text)
     if toks is None:
         return None
     out: dict[tuple[str, str], tuple[str, int]] = {}
-    depth, func = 0, ""
-    switches: list[tuple[int, str]] = []  # (brace depth of the switch body, its words)
-    seen: dict[str, int] = {}
-    pending: list[tuple[str, int]] = []  # labels waiting for their group's first statement
-    i = 0
-    while i < len(toks):
-        text = toks[i][0]
-        if text == "switch" and i + 1 < len(toks) and toks[i + 1][0] == "(":
-            j, par = i + 1, 0
-            while j < len(toks):
-                par += {"(": 1, ")": -1}.get(toks[j][0], 0)
-                if par == 0:
-                    break
-                j += 1
-            words = f"switch ({' '.join(t for t, _ in toks[i + 2 : j])}) in {func or 'file scope'}"
-            seen[words] = seen.get(words, 0) + 1
-            if seen[words] > 1:
-                words += f" (#{seen[words]})"
-            if j + 1 < len(toks) and toks[j + 1][0] == "{":
-                switches.append((depth + 1, words))
-                depth += 1
-                i = j + 2
+    pending: list[tuple[str, int]] = []  # labels whose group opens a block: its first statement says
+    switch: str | None = None
+    for stmt, headers in _with_headers(statements(toks)):
+        labels, rest = _labels(stmt)
+        if labels:
+            switch = _switch_words(headers)
+            pending = labels
+            if rest in (["{"], []):
                 continue
-        if text == "{":
-            if depth == 0:
-                func = _function_before(toks, i) or func
-            depth += 1
-        elif text == "}":
-            if switches and switches[-1][0] == depth:
-                switches.pop()
-            depth -= 1
-        elif text in ("case", "default") and switches:
-            j = i + 1
-            while j < len(toks) and toks[j][0] != ":":
-                j += 1
-            label = " ".join(t for t, _ in toks[i + 1 : j]) if text == "case" else "default"
-            pending.append((label, toks[i][1]))
-            i = j + 1
-            continue
-        elif pending and switches:
-            does = _statement(toks, i)
+        if pending and switch is not None:
+            does = " ".join(rest if labels else [t for t, _ in stmt]).rstrip(" ;{")
             for label, line in pending:
-                out[(switches[-1][1], label)] = (does, line)
-            pending = []
-            continue  # the statement's tokens are read again for nested switches and braces
-        i += 1
+                out.setdefault((switch, label), (does, line))
+        pending = []
     return out
 
 
