@@ -18,6 +18,7 @@ import re
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._detect import GUARD, PRECISION, Evidence, Signal
 from speedtrap.triage._kernelidx import kernel_indexing
+from speedtrap.triage._moved import moved_slices
 from speedtrap.triage._pyast import Module, short
 
 MEMORY, GRAPH = "memory", "cuda_graph"
@@ -411,6 +412,7 @@ def dropped_arguments(cf: ChangedFile, old: Module, new: Module) -> list[Signal]
 def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     return [
         *kernel_indexing(cf, old, new),
+        *moved_slices(cf, old, new),
         *uninitialised(cf, old, new),
         *dropped_arguments(cf, old, new),
         *widened(cf, old, new),

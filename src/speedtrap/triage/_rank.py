@@ -21,6 +21,7 @@ from speedtrap.patching import Gate, GateKind
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
 from speedtrap.triage._kernelidx import KERNEL
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
+from speedtrap.triage._moved import VIEW
 from speedtrap.triage._signals import GRAPH, GUARD, MEMORY, PRECISION, SCALE, PatchSignals
 from speedtrap.triage._trace import DoubleApplication
 
@@ -91,7 +92,8 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         reasons.extend(
             f"{s.summary}: {s.data.get('factor') or 'the scale'} must be applied exactly once" for s in scale[:3]
         )
-    for kind, label in ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph"), (KERNEL, "kernel_indexing")):
+    kinds = ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph"), (KERNEL, "kernel_indexing"), (VIEW, "view_moved"))
+    for kind, label in kinds:
         found = sig.of(kind)
         if found:
             points[label] = 3
