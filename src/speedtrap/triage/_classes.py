@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import re
 
+from speedtrap.triage._bufferfloat import buffer_to_float
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._detect import GUARD, PRECISION, Evidence, Signal
 from speedtrap.triage._kernelidx import kernel_indexing
@@ -413,6 +414,7 @@ def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     return [
         *kernel_indexing(cf, old, new),
         *moved_slices(cf, old, new),
+        *buffer_to_float(cf, old, new),
         *uninitialised(cf, old, new),
         *dropped_arguments(cf, old, new),
         *widened(cf, old, new),
