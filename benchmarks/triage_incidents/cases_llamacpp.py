@@ -82,6 +82,5 @@ CASES: list[Case] = [
             ]
         },
         "PLaMo moved back from the NeoX RoPE list to the normal RoPE list in llama_model_rope_type (C++)",
-        held_out="sixth set",
     ),
 ]

@@ -211,7 +211,6 @@ CASES: list[Case] = [
         "the FP8 KV cache's V descale replaced by the identity 1.0 in the BMM2 scale returned to the kernel",
         "v_scale",
         (("sglang/srt/layers/attention/trtllm_mha_backend.py", "return q_scale * k_scale * layer.scaling, 1.0"),),
-        held_out="fifth set",
     ),
     Case(
         "sglang-1779",
@@ -227,7 +226,6 @@ CASES: list[Case] = [
             ]
         },
         "the FlashInfer backend's padded seq_len for replayed CUDA graphs back to 0 (on the 0.4.10 backend method)",
-        held_out="fifth set",
     ),
     Case(
         "sglang-20819",
@@ -254,6 +252,5 @@ CASES: list[Case] = [
         "the K-scale pointer step of the shared block-FP8 Triton GEMM back to an integer division that is 0 for "
         "small K tiles (only `_w8a8_block_fp8_matmul`, the kernel the fix changed; the later Hopper split-K and "
         "gfx1250 kernels keep it)",
-        held_out="sixth set",
     ),
 ]

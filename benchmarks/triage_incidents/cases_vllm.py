@@ -200,7 +200,6 @@ CASES: list[Case] = [
         },
         "the embedding normalizer applied as a Python float instead of a buffer cast to the model dtype (a precision "
         "change of a multiply by a root)",
-        held_out="fifth set",
     ),
     Case(
         "vllm-18807",
@@ -228,6 +227,5 @@ CASES: list[Case] = [
         },
         "the unpadding of the MLA prefill output moved back before the attention-state merges (a slice handed to "
         "merge_attn_states)",
-        held_out="sixth set",
     ),
 ]

@@ -40,16 +40,20 @@ ORDER = (
     "sglang-10400",
     "llama.cpp-10015",
     "llama.cpp-13101",
-    # Held out, fifth set: written and committed before triage ran on them (the analysis at 8531657, after the
-    # fourth set's fixes); measured once. Left out while looking: vllm#31175 (MiMo-V2 v_scale: the pre-fix code
+    # Formerly held out, fifth set: written and committed (9c68f6b) before triage ran on them and measured once at
+    # 1/3 in tier 1 (factor sites 0/1); their misses (a factor swapped for its identity in a returned tuple, a
+    # constant returned to CUDA-graph code, a buffer cast to the model dtype applied as a float) were then fixed in
+    # general, so they are developed on now. Left out while looking: vllm#31175 (MiMo-V2 v_scale: the pre-fix code
     # could not be read), llama.cpp#13951 (Gemma 2/3 attention scale: the pre-fix graph code could not be read),
     # sglang#28237 (fused shared-expert weight on the aiter/DeepEP path: refactored in 0.5.23 into a helper with
     # several callers, so no faithful single reversal).
     "sglang-29278",
     "sglang-1779",
     "vllm-3653",
-    # Held out, sixth set: written and committed before triage ran on them (the analysis as after the fifth set's
-    # first measurement, src/speedtrap/triage unchanged); measured once. Chosen from searches for accuracy fixes
+    # Formerly held out, sixth set: written and committed (49a3a20) before triage ran on them (the analysis as at
+    # the fifth set's first measurement) and measured once at 0/3 in tier 1 (21cf79d); their misses (a Triton
+    # kernel's pointer step, a case label moved in a C++ switch, a slice moved before a merge kernel) were then
+    # fixed in general, so they are developed on now. Chosen from searches for accuracy fixes
     # whose pre-fix code could be read and that the affected releases hold, not for what triage would make of them.
     # Left out while looking: vllm#42642 (MLA prefill V unpadding: the pre-fix code of the split-out prefill backend
     # could not be read), vllm#48010 (Transformers-backend embedding scale: refactored by 0.33.0), llama.cpp#13663
