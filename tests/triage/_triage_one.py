@@ -16,3 +16,14 @@ def triage_one_file(tmp_path: Path, rel: str, before: str, after: str) -> tuple[
     (tmp_path / "p.diff").write_text(diff)
     [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
     return p.tier, p.ranking.reasons
+
+
+def changed_lines(old: str, new: str) -> tuple[frozenset[int], frozenset[int]]:
+    """The lines (1-based) of ``old`` removed and of ``new`` added by the change ``old`` -> ``new``."""
+    removed, added = set(), set()
+    sm = difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(), autojunk=False)
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op != "equal":
+            removed |= set(range(i1 + 1, i2 + 1))
+            added |= set(range(j1 + 1, j2 + 1))
+    return frozenset(removed), frozenset(added)

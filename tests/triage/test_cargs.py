@@ -4,10 +4,9 @@ at a call argument as a scale signal, both ways; other argument changes are not 
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
-from _triage_one import triage_one_file
+from _triage_one import changed_lines, triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,23 +85,13 @@ def test_identity_and_scale_like() -> None:
         assert not is_scale_like(arg(plain)), plain
 
 
-def _lines(old: str, new: str) -> tuple[frozenset[int], frozenset[int]]:
-    removed, added = set(), set()
-    sm = difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(), autojunk=False)
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op != "equal":
-            removed |= set(range(i1 + 1, i2 + 1))
-            added |= set(range(j1 + 1, j2 + 1))
-    return frozenset(removed), frozenset(added)
-
-
 def test_both_ways_and_not_other_changes() -> None:
     to_identity = SOURCE.replace("1.0f/sqrtf(float(d))", "1.0f")
-    [c] = argument_changes(SOURCE, to_identity, *_lines(SOURCE, to_identity))
+    [c] = argument_changes(SOURCE, to_identity, *changed_lines(SOURCE, to_identity))
     assert (c.callee, c.index, c.change) == ("build_attn", 7, "factor replaced by identity")
     assert (c.before, c.after, c.old_line, c.new_line) == ("1.0f/sqrtf(float(d))", "1.0f", 5, 5)
     to_scale = SOURCE.replace("cur, 1.0f);", "cur, kq_scale);")
-    [c] = argument_changes(SOURCE, to_scale, *_lines(SOURCE, to_scale))
+    [c] = argument_changes(SOURCE, to_scale, *changed_lines(SOURCE, to_scale))
     assert (c.callee, c.index, c.change, c.after) == ("ggml_scale", 2, "identity literal replaced", "kq_scale")
     # not this signal: another argument changed, a scale changed to another scale, a layout change
     for other in (
@@ -111,7 +100,7 @@ def test_both_ways_and_not_other_changes() -> None:
         SOURCE.replace("cur, 1.0f);", "cur, 2.0f);"),
         SOURCE.replace("NULL,\n            q", "NULL, q"),
     ):
-        assert argument_changes(SOURCE, other, *_lines(SOURCE, other)) == []
+        assert argument_changes(SOURCE, other, *changed_lines(SOURCE, other)) == []
 
 
 def _triage_cpp(tmp_path: Path, after: str) -> tuple[int, tuple[str, ...]]:
@@ -156,18 +145,18 @@ ggml_tensor * build(ggml_context * ctx0, ggml_tensor * k, ggml_tensor * q, int a
 
 def test_a_precision_request_removed_or_newly_conditioned_is_a_precision_signal(tmp_path: Path) -> None:
     removed = PREC.replace("    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n", "")
-    [c] = precision_changes(PREC, removed, *_lines(PREC, removed))
+    [c] = precision_changes(PREC, removed, *changed_lines(PREC, removed))
     assert (c.code, c.old_line, c.new_line) == ("ggml_mul_mat_set_prec(kq, GGML_PREC_F32)", 4, None)
     narrowed = PREC.replace(
         "    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n",
         "    if (arch == LLM_ARCH_PHI2) {\n        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n    }\n",
     )
-    [c] = precision_changes(PREC, narrowed, *_lines(PREC, narrowed))
+    [c] = precision_changes(PREC, narrowed, *changed_lines(PREC, narrowed))
     assert c.conditions == ("if(arch==LLM_ARCH_PHI2){",) and c.new_line == 5
     # re-indented or commented, the request stays: nothing to say
     request = "    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);\n"
     moved = PREC.replace(request, "  ggml_mul_mat_set_prec( kq, GGML_PREC_F32 ); // x\n")
-    assert precision_changes(PREC, moved, *_lines(PREC, moved)) == []
+    assert precision_changes(PREC, moved, *changed_lines(PREC, moved)) == []
     tier, reasons = _triage_source(tmp_path, PREC, removed)
     assert tier == 2
     assert reasons[0].startswith("removes the precision request `ggml_mul_mat_set_prec(kq, GGML_PREC_F32)`")

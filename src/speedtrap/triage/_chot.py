@@ -12,13 +12,12 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from speedtrap.triage._cargs import Token, _with_headers, statements
+from speedtrap.triage._cargs import _NOT_CALLS, Token, _with_headers, statements
 from speedtrap.triage._ctokens import C_FAMILY, tokens_at
 from speedtrap.triage._hotpath import EVERY_LAYER, HotPath
 
 _LAYER_COUNTS = {"n_layer", "n_layers", "num_layers", "num_hidden_layers", "n_layer_all"}
 _NOT_DEFS = {"if", "for", "while", "switch", "else", "do", "struct", "class", "namespace", "enum", "union", "extern"}
-_NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "catch", "static_assert"}
 _MAX_DEPTH = 3
 
 

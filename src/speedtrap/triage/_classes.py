@@ -15,8 +15,11 @@ from __future__ import annotations
 import ast
 import re
 
+from speedtrap.triage._bufferfloat import buffer_to_float
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._detect import GUARD, PRECISION, Evidence, Signal
+from speedtrap.triage._kernelidx import kernel_indexing
+from speedtrap.triage._moved import moved_slices
 from speedtrap.triage._pyast import Module, short
 
 MEMORY, GRAPH = "memory", "cuda_graph"
@@ -276,6 +279,7 @@ def cuda_graph(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                 tuple(_ev(cf, ln, "+") for ln in lines[:4]),
             )
         )
+    out.extend(_graph_constants(cf, old, new))
     new_tests = {ast.dump(n.test) for n in new.nodes if isinstance(n, (ast.If, ast.IfExp))}
     for node in old.nodes_on_lines(cf.removed):
         if isinstance(node, (ast.If, ast.IfExp)) and _GRAPH_TEST.search(ast.unparse(node.test)):
@@ -289,6 +293,44 @@ def cuda_graph(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                     (_ev(cf, node.lineno, "-"),),
                 )
             )
+    return out
+
+
+def _returned_constants(mod: Module, lines: frozenset[int]) -> dict[str, tuple[ast.Return, int | float]]:
+    """Numeric constants returned on ``lines`` by functions named for CUDA-graph capture/replay."""
+    out: dict[str, tuple[ast.Return, int | float]] = {}
+    for node in mod.nodes_on_lines(lines):
+        if not isinstance(node, ast.Return) or not isinstance(node.value, (ast.Constant, ast.UnaryOp)):
+            continue
+        value = node.value
+        try:
+            number = ast.literal_eval(value)
+        except ValueError:
+            continue
+        scope = _graph_scope(mod, node)
+        if scope is not None and isinstance(number, (int, float)) and not isinstance(number, bool):
+            out[mod.qualname(node)] = (node, number)
+    return out
+
+
+def _graph_constants(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
+    """A constant that a CUDA-graph hook returns (a pad or fill value for captured buffers) changed."""
+    before = _returned_constants(old, cf.removed)
+    out: list[Signal] = []
+    for func, (node, value) in _returned_constants(new, cf.added).items():
+        if func not in before or before[func][1] == value:  # 1 -> 1.0 is the same value
+            continue
+        old_node, old_value = before[func]
+        out.append(
+            Signal(
+                GRAPH,
+                f"changes the constant {func} hands to CUDA-graph capture/replay ({cf.path}:{node.lineno}: "
+                f"`return {old_value!r}` -> `return {value!r}`): every captured or padded entry that takes it now "
+                "gets the new value",
+                (_ev(cf, old_node.lineno, "-"), _ev(cf, node.lineno, "+")),
+                data={"kind": "graph constant", "function": func},
+            )
+        )
     return out
 
 
@@ -370,6 +412,9 @@ def dropped_arguments(cf: ChangedFile, old: Module, new: Module) -> list[Signal]
 
 def class_signals(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     return [
+        *kernel_indexing(cf, old, new),
+        *moved_slices(cf, old, new),
+        *buffer_to_float(cf, old, new),
         *uninitialised(cf, old, new),
         *dropped_arguments(cf, old, new),
         *widened(cf, old, new),

@@ -224,6 +224,7 @@ class IdentityChange:
     new_node: ast.expr = field(compare=False, hash=False, repr=False)
     module: Module | None = field(default=None, compare=False, hash=False, repr=False)  # holds new_node
     unconditional: bool = False  # a literal identity (or no argument) before: the factor never flowed there
+    returned: bool = False  # the slot is a returned value: the factor reaches the callers, not followed here
     statement: bool = False  # selected by an ``if`` statement around assignments (``_stmtident``)
 
     @property
@@ -234,8 +235,11 @@ class IdentityChange:
     def summary(self) -> str:
         if self.unconditional:
             where = f"{self.slot} in {self.function}, {self.file}:{self.new_line}: `{self.before}` -> `{self.after}`"
+            if self.returned:
+                where = f"{self.slot}, {self.file}:{self.new_line}: `{self.before}` -> `{self.after}`"
             if self.removes_application:
-                first = self.reaches[0].describe() if self.reaches else "no multiply found"
+                unread = "its callers (not followed here)" if self.returned else "no multiply found"
+                first = self.reaches[0].describe() if self.reaches else unread
                 return f"replaces {self.factor} by {self.identity} ({where}); the factor reached {first}"
             first = self.reaches[0].describe() if self.reaches else "a callee not resolved here"
             more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
@@ -280,7 +284,22 @@ def _slot(mod: Module, node: ast.AST) -> tuple[tuple[str, ...], str] | None:
         name = _callee_words(parent)
         i = parent.args.index(cur)  # type: ignore[arg-type]
         return ("pos", func, name, str(i)), f"{name}(argument {i})"
+    return _returned(mod, cur, parent, func)
+
+
+def _returned(mod: Module, cur: ast.AST, parent: ast.AST | None, func: str) -> tuple[tuple[str, ...], str] | None:
+    """A value a function returns, whole or as one item of a returned tuple: its callers receive it."""
+    if isinstance(parent, ast.Return) and parent.value is cur:
+        return ("ret", func, ""), f"the value {func} returns"
+    if isinstance(parent, ast.Tuple) and isinstance(ret := mod.parent(parent), ast.Return) and ret.value is parent:
+        i = next(k for k, e in enumerate(parent.elts) if e is cur)
+        return ("ret", func, str(i)), f"item {i + 1} of the tuple {func} returns"
     return None
+
+
+def returned_words(key: tuple[str, ...]) -> str:
+    """The words of a ``("ret", function, item)`` slot key."""
+    return f"item {int(key[2]) + 1} of the tuple {key[1]} returns" if key[2] else f"the value {key[1]} returns"
 
 
 def _slots(mod: Module, only: set[int] | None = None) -> dict[tuple[str, ...], list[ast.expr]]:
@@ -295,6 +314,13 @@ def _slots(mod: Module, only: set[int] | None = None) -> dict[tuple[str, ...], l
                 s = _slot(mod, a)
                 if s is not None and s[0][0] == "pos":
                     out.setdefault(s[0], []).append(a)
+            continue
+        elif isinstance(node, ast.Return) and node.value is not None:
+            items = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            for item in items:
+                s = _slot(mod, item)
+                if s is not None and s[0][0] == "ret":
+                    out.setdefault(s[0], []).append(item)
             continue
         else:
             continue

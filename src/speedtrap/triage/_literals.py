@@ -1,6 +1,7 @@
-"""Factors at call sites: an identity literal (``1.0``, ``None``) in an argument replaced by a factor
-(``FusedMoE(routed_scaling_factor=1.0)`` -> ``=self.routed_scaling_factor``), the reverse, and a
-factor newly passed to a call (``quant_method.apply(layer, x, scale=layer.scale)``).
+"""Factors at call sites and in returned values: an identity literal (``1.0``, ``None``) in an argument
+replaced by a factor (``FusedMoE(routed_scaling_factor=1.0)`` -> ``=self.routed_scaling_factor``), the reverse, and a
+factor newly passed to a call (``quant_method.apply(layer, x, scale=layer.scale)``). A returned value
+(``return q * k, v_scale`` -> ``return q * k, 1.0``) is a slot too: the callers receive the identity.
 
 Each is an :class:`IdentityChange` with ``unconditional`` set: before the patch the factor did not
 flow through that argument at all, so every multiply it now reaches is a new application (and the
@@ -12,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from speedtrap.triage._flow import Flow, IdentityChange, Reach, _identity, _literals, _slots
+from speedtrap.triage._flow import Flow, IdentityChange, Reach, _identity, _literals, _slots, returned_words
 from speedtrap.triage._pyast import Module, last_name, short
 
 _FACTOR = re.compile(r"scal|factor|coef|multiplier|gamma|alpha", re.I)
@@ -111,7 +112,10 @@ def _change(
     node: ast.expr,
     old_line: int | None = None,
 ) -> IdentityChange:
-    slot = f"{key[2]}({key[3]}=)" if key[0] == "kw" else f"{key[2]}(argument {key[3]})"
+    if key[0] == "ret":
+        slot = returned_words(key)
+    else:
+        slot = f"{key[2]}({key[3]}=)" if key[0] == "kw" else f"{key[2]}(argument {key[3]})"
     return IdentityChange(
         path,
         new.qualname(after),
@@ -131,4 +135,5 @@ def _change(
         node,
         new,
         True,
+        returned=key[0] == "ret",
     )

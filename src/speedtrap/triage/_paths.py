@@ -148,6 +148,14 @@ def missing_applications(
     that path (applied once), or none (applied nowhere now), named."""
     out: list[CountWarning] = []
     for change in changes:
+        if change.removes_application and change.returned and not change.reaches:
+            text = (
+                f"{change.factor} replaced by {change.identity} in {change.slot} "
+                f"(`{change.before}` -> `{change.after}` at {change.file}:{change.new_line}): its callers now "
+                f"receive the identity where they received the factor; check that {change.factor} is still applied"
+            )
+            out.append(CountWarning(change.factor, text))
+            continue
         if not change.removes_application or not change.reaches:
             continue
         gone = change.reaches[0].site

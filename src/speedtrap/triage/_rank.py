@@ -19,7 +19,9 @@ from typing import Any
 
 from speedtrap.patching import Gate, GateKind
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
+from speedtrap.triage._kernelidx import KERNEL
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
+from speedtrap.triage._moved import VIEW
 from speedtrap.triage._signals import GRAPH, GUARD, MEMORY, PRECISION, SCALE, PatchSignals
 from speedtrap.triage._trace import DoubleApplication
 
@@ -76,9 +78,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
-        p = 3 if s.data.get("not_implemented") or s.data.get("replaced") or s.data.get("widened") else 2
+        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved")) else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if s.data.get("widened") or s.data.get("argument"):
+        if s.data.get("widened") or s.data.get("argument") or s.data.get("moved"):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
@@ -90,7 +92,8 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         reasons.extend(
             f"{s.summary}: {s.data.get('factor') or 'the scale'} must be applied exactly once" for s in scale[:3]
         )
-    for kind, label in ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph")):
+    kinds = ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph"), (KERNEL, "kernel_indexing"), (VIEW, "view_moved"))
+    for kind, label in kinds:
         found = sig.of(kind)
         if found:
             points[label] = 3

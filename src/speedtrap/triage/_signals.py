@@ -14,6 +14,7 @@ from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
+from speedtrap.triage._cswitch import case_moves
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
     GATING,
@@ -165,7 +166,8 @@ def _first_changes(cf: ChangedFile, limit: int = 4) -> list[Evidence]:
 
 
 def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[Signal]:
-    """C-family: an identity literal swapped with a scale-like expression at a call argument (tokens)."""
+    """C-family, on tokens: an identity literal swapped with a scale-like expression at a call argument, a case
+    label moved to another group of a ``switch``, a precision request removed or re-conditioned."""
     out: list[Signal] = []
     for ch in argument_changes(old_text, new_text, cf.removed, cf.added):
         evidence = (
@@ -175,6 +177,13 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         scale_like = ch.before if ch.change == "factor replaced by identity" else ch.after
         data = {"factor": scale_like, "change": ch.change, "slot": f"{ch.callee}(argument {ch.index + 1})"}
         out.append(Signal(SCALE, f"{ch.summary} ({cf.path}:{ch.new_line})", evidence, method="tokens", data=data))
+    for mv in case_moves(old_text, new_text, cf.removed, cf.added):
+        lines = (
+            Evidence(cf.path, mv.old_line, "-", cf.removed_text(mv.old_line)),
+            Evidence(cf.path, mv.new_line, "+", cf.added_text(mv.new_line)),
+        )
+        moved = {"kind": "case moved", "moved": True, "label": mv.label, "before": mv.before, "after": mv.after}
+        out.append(Signal(GUARD, f"{mv.summary} ({cf.path}:{mv.new_line})", lines, method="tokens", data=moved))
     for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
         ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
         if pc.new_line is not None:

@@ -1,0 +1,49 @@
+"""The Markdown table and its totals (all; developed on; held out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| incident | release | culprit tier | warnings (right sites) | decoys: comment / message / rewrite "
+        "/ precision | CPU s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = r["decoy_tiers"]
+        decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
+        named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
+        held = f" (held out, {r['held_out']})" if r.get("held_out") else ""
+        out.append(
+            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
+            f"| {r['seconds']:.2f} |"
+        )
+    out.append("")
+    out.append(_totals("all", rows))
+    dev = [r for r in rows if not r.get("held_out")]
+    held_rows = [r for r in rows if r.get("held_out")]
+    if dev and held_rows:
+        out.append(_totals("developed on", dev))
+        sets = ", ".join(sorted({r["held_out"] for r in held_rows}))
+        out.append(_totals(f"held out ({sets})", held_rows))
+        by_set = sorted({r["held_out"] for r in held_rows})
+        if len(by_set) > 1:  # each held-out set on its own line too
+            out.extend(_totals(f"held out ({s})", [r for r in held_rows if r["held_out"] == s]) for s in by_set)
+    return "\n".join(out)
+
+
+def _totals(label: str, rows: list[dict[str, Any]]) -> str:
+    n = len(rows)
+    t1 = sum(r["culprit_tier"] == 1 for r in rows)
+    factor = [r for r in rows if r["factor_case"]]
+    inert = [r["decoy_tiers"][k] for r in rows for k in ("comment", "message", "rewrite") if k in r["decoy_tiers"]]
+    return (
+        f"{label.capitalize()} ({n}): culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
+        f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
+        f"Inert decoys above tier 3: {sum(t != 3 for t in inert)} of {len(inert)}. "
+        f"Factor cases with a warning naming the right sites: "
+        f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
+        f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}."
+    )
