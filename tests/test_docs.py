@@ -18,7 +18,7 @@ def test_the_readme_is_a_front_door() -> None:
     head = readme[: readme.index("## Commands")]
     # the two set-up commands come first, exactly as CI runs them
     assert ".venv/bin/pip install torch==2.13.0 -e . && .venv/bin/speedtrap demo" in head
-    assert "-e '.[dev]' && .venv/bin/python -m pytest -q && .venv/bin/python -m pytest -q -m slow" in head
+    assert "-e '.[dev]' && .venv/bin/python -m pytest -q -n 2 && .venv/bin/python -m pytest -q -n 2 -m slow" in head
     for link in ("docs/guides/demo.md", "docs/guides/ci-gate.md", "docs/guides/own-model.md", "docs/guides/ray.md"):
         assert f"]({link})" in readme and (REPO / link).is_file(), link
 
