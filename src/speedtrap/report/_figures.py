@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -39,8 +40,20 @@ def png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+LABEL_CHARS = 44  # a patch's name on an axis: longer ones are cut (a long label collapses the axes to nothing)
+
+
+def patch_label(name: str) -> str:
+    """A patch's name as a figure shows it: a file entry point (``/long/path/user_patches.py:name``) by its
+    file's name and its own, anything still longer than :data:`LABEL_CHARS` cut with an ellipsis."""
+    head, sep, tail = name.rpartition(":")
+    if sep and ("/" in head or head.endswith(".py")):
+        name = f"{Path(head).name}:{tail}"
+    return name if len(name) <= LABEL_CHARS else name[: LABEL_CHARS - 1] + "…"
+
+
 def _patches_label(patches: Sequence[str]) -> str:
-    return " + ".join(patches) if patches else "no patch"
+    return " + ".join(map(patch_label, patches)) if patches else "no patch"
 
 
 # -- probes -------------------------------------------------------------------------------------
@@ -191,10 +204,10 @@ def _config_label(config: Sequence[str], searched: Sequence[str]) -> str:
         if not left_out:
             return f"all {len(searched)} patches"
         if len(left_out) <= 2 and len(config) > 2:
-            return "all but " + " + ".join(left_out)
+            return "all but " + _patches_label(left_out)
     if len(config) <= 2:
-        return " + ".join(config)
-    return f"{config[0]} + {len(config) - 1} more"
+        return _patches_label(config)
+    return f"{patch_label(config[0])} + {len(config) - 1} more"
 
 
 def trial_log(section: IsolationSection, bound: float | None = None) -> Figure:
