@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import io
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from speedtrap.report._bylength import by_length
