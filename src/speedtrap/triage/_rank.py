@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedtrap.patching import Gate, GateKind
+from speedtrap.triage._earlyret import EARLY_RETURN_REMOVED
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
 from speedtrap.triage._kernelidx import KERNEL
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
@@ -32,7 +33,7 @@ SAME_MATH = "same math: every changed file is proven inert"
 FORWARD = "changes computation on the forward path; no known risky pattern matched"
 OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
 _OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
-_DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed"}
+_DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed", EARLY_RETURN_REMOVED}
 
 
 def _off_path(file: str) -> bool:

@@ -31,6 +31,7 @@ from speedtrap.triage._detect import (
     scale,
     text_signals,
 )
+from speedtrap.triage._earlyret import early_returns_removed
 from speedtrap.triage._flow import Flow, IdentityChange, identity_changes
 from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._inert import inert
@@ -113,6 +114,7 @@ def analyze(
                 result.inert.append((cf.path, why))
                 continue  # proven: nothing runs differently
             result.signals.extend(class_signals(cf, old, new))
+            result.signals.extend(early_returns_removed(cf, old, new))
         result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
