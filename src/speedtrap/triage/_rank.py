@@ -79,9 +79,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
-        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved")) else 2
+        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved", "collapsed")) else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if s.data.get("widened") or s.data.get("argument") or s.data.get("moved"):
+        if any(s.data.get(k) for k in ("widened", "argument", "moved", "collapsed")):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")

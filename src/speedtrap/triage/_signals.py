@@ -14,6 +14,7 @@ from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
+from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses
 from speedtrap.triage._cswitch import case_moves
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
@@ -115,6 +116,7 @@ def analyze(
                 continue  # proven: nothing runs differently
             result.signals.extend(class_signals(cf, old, new))
             result.signals.extend(early_returns_removed(cf, old, new))
+            result.signals.extend(_collapse_signals(cf, py_collapses(old, new, cf.removed, cf.added), "ast"))
         result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
@@ -186,6 +188,7 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         )
         moved = {"kind": "case moved", "moved": True, "label": mv.label, "before": mv.before, "after": mv.after}
         out.append(Signal(GUARD, f"{mv.summary} ({cf.path}:{mv.new_line})", lines, method="tokens", data=moved))
+    out.extend(_collapse_signals(cf, c_collapses(old_text, new_text, cf.removed, cf.added), "tokens"))
     for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
         ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
         if pc.new_line is not None:
@@ -193,6 +196,20 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         where = f"{cf.path}:{pc.new_line or pc.old_line}"
         kind = {"kind": "precision request", "conditions": list(pc.conditions)}
         out.append(Signal(PRECISION, f"{pc.summary} ({where})", tuple(ev), method="tokens", data=kind))
+    return out
+
+
+def _collapse_signals(cf: ChangedFile, found: list[Collapse], method: str) -> list[Signal]:
+    """A selection collapsed into one arm: a guard-class signal (the cases a condition selected now take the other
+    arm), with the old and new lines."""
+    out: list[Signal] = []
+    for c in found:
+        lines = (
+            Evidence(cf.path, c.old_line, "-", cf.removed_text(c.old_line)),
+            Evidence(cf.path, c.new_line, "+", cf.added_text(c.new_line)),
+        )
+        data = {"kind": "selection collapsed", "collapsed": True, "condition": c.condition}
+        out.append(Signal(GUARD, f"{c.summary} ({cf.path}:{c.new_line})", lines, method=method, data=data))
     return out
 
 

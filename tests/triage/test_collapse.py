@@ -1,0 +1,86 @@
+"""A selection collapsed into one arm (``c ? A : B`` -> ``B`` in C-family code, ``A if c else B`` -> ``B`` in Python)
+is a selection change naming the condition and both arms. The C++ is a trimmed copy of the KV-cache shift of the
+llama.cpp vendored by llama-cpp-python 0.3.16 (``llama_kv_cache_unified::build_rope_shift``, the shape of
+llama.cpp#13870); the Python of a backend choice as vLLM writes them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from speedtrap.triage import PatchReport, from_diff_files
+from speedtrap.triage import triage as run_triage
+from speedtrap.triage._collapse import _conditionals
+from speedtrap.triage._ctokens import tokens_at
+
+SHIFT = """\
+ggml_tensor * llama_kv_cache_unified::build_rope_shift(
+        ggml_context * ctx, ggml_tensor * cur, ggml_tensor * shift) const {
+    const auto & n_rot     = hparams.n_rot;
+    const auto & rope_type = hparams.rope_type == LLAMA_ROPE_TYPE_MROPE
+                                // for M-RoPE, rotate the whole vector when doing KV shift
+                                ? LLAMA_ROPE_TYPE_NEOX
+                                : hparams.rope_type;
+    const float attn = cparams.use_yarn && freq_scale < 1.0f ? 1.0f / (1.0f + 0.1f * logf(1.0f / freq_scale)) : 1.0f;
+    return ggml_rope_ext_inplace(ctx, cur, shift, nullptr, n_rot, rope_type, attn);
+}
+"""
+PY = """\
+def select(self, dtype, use_fp8):
+    scale = self.k_scale if use_fp8 else 1.0
+    backend = "flashinfer" if dtype == "bf16" else "triton"
+    return backend, scale
+"""
+
+
+def run(tmp_path: Path, rel: str, text: str, old: str, new: str) -> PatchReport:
+    root = tmp_path / "tree"
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text(text)
+    after = text.replace(old, new)
+    assert after != text
+    diff = difflib.unified_diff(text.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")
+    (tmp_path / "p.diff").write_text("".join(diff))
+    return run_triage(from_diff_files([tmp_path / "p.diff"], root), None).patches[0]
+
+
+def test_a_c_conditional_collapsed_into_its_else_arm(tmp_path: Path) -> None:
+    old = (
+        "    const auto & rope_type = hparams.rope_type == LLAMA_ROPE_TYPE_MROPE\n"
+        "                                // for M-RoPE, rotate the whole vector when doing KV shift\n"
+        "                                ? LLAMA_ROPE_TYPE_NEOX\n"
+        "                                : hparams.rope_type;\n"
+    )
+    report = run(tmp_path, "src/kv.cpp", SHIFT, old, "    const auto & rope_type = hparams.rope_type;\n")
+    said = "\n".join(report.ranking.reasons)
+    assert "collapses the selection on `hparams.rope_type == LLAMA_ROPE_TYPE_MROPE`" in said, said
+    assert "got `LLAMA_ROPE_TYPE_NEOX`" in said and "now gets `hparams.rope_type`" in said, said
+    assert report.tier <= 2 and "no known risky pattern" not in said
+
+
+def test_the_condition_of_a_c_conditional_spans_and_and_or() -> None:
+    toks = tokens_at("x = a && b ? f(c ? 1 : 2) : 3;")
+    assert toks is not None
+    found = {(" ".join(t for t, _ in toks[s:q])) for s, q, _c, _e in _conditionals(toks)}
+    assert found == {"a && b", "c"}
+
+
+def test_a_python_conditional_collapsed_into_its_body(tmp_path: Path) -> None:
+    report = run(tmp_path, "pkg/m.py", PY, '"flashinfer" if dtype == "bf16" else "triton"', '"flashinfer"')
+    said = "\n".join(report.ranking.reasons)
+    assert "collapses the selection on `dtype == 'bf16'`" in said and "now gets `'flashinfer'`" in said, said
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"flashinfer" if dtype == "bf16" else "triton"', '"flashinfer" if dtype == "fp16" else "triton"'),
+        ('"flashinfer" if dtype == "bf16" else "triton"', '"cutlass"'),
+    ],
+)
+def test_no_collapse_claimed_for_another_change(tmp_path: Path, old: str, new: str) -> None:
+    report = run(tmp_path, "pkg/m.py", PY, old, new)
+    assert not any("collapses the selection" in r for r in report.ranking.reasons), report.ranking.reasons
