@@ -84,3 +84,51 @@ def test_a_python_conditional_collapsed_into_its_body(tmp_path: Path) -> None:
 def test_no_collapse_claimed_for_another_change(tmp_path: Path, old: str, new: str) -> None:
     report = run(tmp_path, "pkg/m.py", PY, old, new)
     assert not any("collapses the selection" in r for r in report.ranking.reasons), report.ranking.reasons
+
+
+LLAMA4 = """\
+class Llama4ForCausalLM(LlamaForCausalLM):
+    def __init__(self, *, vllm_config, prefix=""):
+        # update temperature tuning config from generation config
+        gen_config = vllm_config.model_config.try_get_generation_config()
+        gen_config.update(vllm_config.model_config.override_generation_config)
+        # enable temperature tuning by default when max_model_len > 32K
+        default_attn_temperature_tuning = vllm_config.model_config.max_model_len > 32768
+        vllm_config.model_config.hf_config.attn_temperature_tuning = gen_config.get(
+            "attn_temperature_tuning", default_attn_temperature_tuning
+        )
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+"""
+FORCED = (
+    "        # enable temperature tuning by default when max_model_len > 32K\n"
+    "        default_attn_temperature_tuning = vllm_config.model_config.max_model_len > 32768\n"
+    "        vllm_config.model_config.hf_config.attn_temperature_tuning = gen_config.get(\n"
+    '            "attn_temperature_tuning", default_attn_temperature_tuning\n'
+    "        )\n"
+)
+
+
+def test_a_condition_forced_to_a_constant_at_construction(tmp_path: Path) -> None:
+    """The shape of vllm#16439 reversed (vLLM 0.10.1.1's ``Llama4ForCausalLM.__init__``): the default computed
+    from ``max_model_len > 32768`` replaced by ``False``; a switch forced at construction is read on every step."""
+    new = (
+        "        vllm_config.model_config.hf_config.attn_temperature_tuning = gen_config.get(\n"
+        '            "attn_temperature_tuning", False\n'
+        "        )\n"
+    )
+    report = run(tmp_path, "pkg/llama4.py", LLAMA4, FORCED, new)
+    said = report.ranking.reasons[0]
+    assert "forces the condition `vllm_config.model_config.max_model_len > 32768" in said and "to `False`" in said
+    assert report.tier == 1, report.ranking.reasons
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("max_model_len > 32768", "max_model_len > 65536"),  # the condition changed, not forced
+        ('"attn_temperature_tuning", default_attn_temperature_tuning', '"attn_temperature_tuning", True'),
+    ],
+)
+def test_a_forced_condition_needs_the_condition_gone(tmp_path: Path, old: str, new: str) -> None:
+    report = run(tmp_path, "pkg/llama4.py", LLAMA4, old, new)
+    assert not any("forces the condition" in r for r in report.ranking.reasons), report.ranking.reasons

@@ -2,6 +2,9 @@
 else B`` (Python, on the AST) replaced by ``B`` alone, the rest of the statement unchanged. The cases where ``c``
 held used to get ``A``; now every case gets ``B``. A selection change, named with both arms (and the reverse,
 an arm that became a selection, is not claimed here: it adds a case rather than removing one).
+
+Its Python kin: a condition forced to a constant (``get("k", n > 32768)``, or a local bound to that comparison
+and deleted, replaced by ``get("k", False)``): the selection is made one way for every case.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ class Collapse:
 
     @property
     def summary(self) -> str:
+        if self.dropped == "what it selected":
+            return (
+                f"forces the condition `{self.condition}` to `{self.taken}`: the cases it selected are no longer "
+                "told apart"
+            )
         return (
             f"collapses the selection on `{self.condition}` into one arm: the cases where it held got "
             f"`{self.dropped}`, every case now gets `{self.taken}`"
@@ -121,5 +129,53 @@ def py_collapses(old: Module, new: Module, removed: frozenset[int], added: froze
                             ast.unparse(exp.test), ast.unparse(taken), ast.unparse(dropped), exp.lineno, hit.lineno
                         )
                     )
+                    break
+    return out
+
+
+def _is_condition(node: ast.AST) -> bool:
+    return isinstance(node, (ast.Compare, ast.BoolOp)) or (
+        isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
+    )
+
+
+def _removed_conditions(old: Module, removed: frozenset[int]) -> dict[str, ast.expr]:
+    """Locals the patch stops binding to a condition (``flag = n > 32768`` deleted), by name."""
+    out: dict[str, ast.expr] = {}
+    for stmt in old.statements_touching(removed):
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and _is_condition(stmt.value)
+            and stmt.lineno in removed
+        ):
+            out[stmt.targets[0].id] = stmt.value
+    return out
+
+
+def py_forced(old: Module, new: Module, removed: frozenset[int], added: frozenset[int]) -> list[Collapse]:
+    """Python: a condition (a comparison or boolean expression, or a local the patch stops binding to one) replaced
+    by ``True`` or ``False`` in a statement otherwise unchanged: the selection it made is forced one way."""
+    out: list[Collapse] = []
+    after = {ast.dump(s): s for s in new.statements_touching(added)}
+    bound = _removed_conditions(old, removed)
+    for stmt in old.statements_touching(removed):
+        whole = ast.dump(stmt)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in bound:
+                cond: ast.expr = bound[node.id]
+            elif _is_condition(node) and isinstance(node, ast.expr):
+                cond = node
+            else:
+                continue
+            part = ast.dump(node)
+            if whole.count(part) != 1:
+                continue
+            for value in (False, True):
+                hit = after.get(whole.replace(part, ast.dump(ast.Constant(value=value))))
+                if hit is not None:
+                    shown = ast.unparse(cond) + (f" ({node.id})" if isinstance(node, ast.Name) else "")
+                    out.append(Collapse(shown, repr(value), "what it selected", node.lineno, hit.lineno))
                     break
     return out

@@ -117,8 +117,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     if best is None and declared.get("scope"):
         level = EVERY_LAYER if "every layer" in str(declared["scope"]) else SOME_LAYERS
     exposure = _EXPOSURE[level]
-    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION)):
-        exposure = 1  # a buffer allocated or a dtype chosen at construction is read on every step
+    collapsed = any(s.data.get("collapsed") for s in sig.of(GUARD))
+    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or collapsed):
+        exposure = 1  # a buffer allocated, a dtype chosen or a switch forced at construction is read on every step
     points["exposure"] = exposure
     if best is not None:
         reasons.append(_exposure_words(best))

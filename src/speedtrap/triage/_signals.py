@@ -14,7 +14,7 @@ from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
-from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses
+from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses, py_forced
 from speedtrap.triage._cswitch import case_moves
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
@@ -116,7 +116,8 @@ def analyze(
                 continue  # proven: nothing runs differently
             result.signals.extend(class_signals(cf, old, new))
             result.signals.extend(early_returns_removed(cf, old, new))
-            result.signals.extend(_collapse_signals(cf, py_collapses(old, new, cf.removed, cf.added), "ast"))
+            collapsed = py_collapses(old, new, cf.removed, cf.added) + py_forced(old, new, cf.removed, cf.added)
+            result.signals.extend(_collapse_signals(cf, collapsed, "ast"))
         result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
