@@ -132,3 +132,24 @@ def test_a_condition_forced_to_a_constant_at_construction(tmp_path: Path) -> Non
 def test_a_forced_condition_needs_the_condition_gone(tmp_path: Path, old: str, new: str) -> None:
     report = run(tmp_path, "pkg/llama4.py", LLAMA4, old, new)
     assert not any("forces the condition" in r for r in report.ranking.reasons), report.ranking.reasons
+
+
+ATTEND = """\
+class Attention:
+    def __init__(self, k_scale):
+        self.k_scale = k_scale
+
+    def forward(self, q, use_fp8):
+        return self.attend(q, scale=self.k_scale if use_fp8 else 1.0)
+
+    def attend(self, q, scale):
+        return q * scale
+"""
+
+
+def test_an_identity_conditional_the_value_flow_reads_is_said_once(tmp_path: Path) -> None:
+    """An identity arm (``1.0``) dropped from a call argument is a scale change the value flow reads; the collapse
+    is not said a second time in front of it."""
+    report = run(tmp_path, "pkg/attn.py", ATTEND, "scale=self.k_scale if use_fp8 else 1.0", "scale=self.k_scale")
+    assert any(s.kind == "scale" for s in report.signals.signals), report.ranking.reasons
+    assert not any("collapses the selection" in r for r in report.ranking.reasons), report.ranking.reasons

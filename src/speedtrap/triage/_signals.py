@@ -109,6 +109,7 @@ def analyze(
                     result.hot_paths.append(found)
             result.changed.extend(_first_changes(cf))
             continue
+        collapsed: list[Collapse] = []
         if old is not None and new is not None:
             why = inert(old.tree, new.tree)
             if why is not None:
@@ -117,7 +118,6 @@ def analyze(
             result.signals.extend(class_signals(cf, old, new))
             result.signals.extend(early_returns_removed(cf, old, new))
             collapsed = py_collapses(old, new, cf.removed, cf.added) + py_forced(old, new, cf.removed, cf.added)
-            result.signals.extend(_collapse_signals(cf, collapsed, "ast"))
         result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
@@ -126,6 +126,11 @@ def analyze(
         result.signals.extend(scale(cf, new, old, symbol))
         if flow is not None and old is not None and new is not None:
             result.signals.extend(_identity_signals(cf, old, new, flow, result.identity))
+        if old is not None and new is not None:
+            # A collapse the value flow already read as an identity change (a scale) on that line is said once.
+            scaled = {(e.file, e.line) for s in result.of(SCALE) for e in s.evidence if e.side == "-"}
+            fresh = [c for c in collapsed if (cf.path, c.old_line) not in scaled]
+            result.signals.extend(_collapse_signals(cf, fresh, "ast"))
         if new is not None and gate is None:
             gate = gating(cf, new)
         funcs: list[tuple[Module, ast.FunctionDef | ast.AsyncFunctionDef]] = []
