@@ -105,6 +105,5 @@ CASES: list[Case] = [
             ]
         },
         "the KV-cache shift's RoPE type back to the model's own for M-RoPE models (C++, build_rope_shift)",
-        held_out="seventh set",
     ),
 ]

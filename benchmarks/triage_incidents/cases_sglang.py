@@ -281,7 +281,6 @@ CASES: list[Case] = [
         "the YaRN attention_factor passed through as attn_factor again, so the rotary embedding applies it on top of "
         "its own mscale (the pre-fix form as the PR describes it, 'copying it straight in'; whether the pre-fix code "
         "also kept mscale/mscale_all_dim is not known here, they are kept)",
-        held_out="seventh set",
     ),
     Case(
         "sglang-26203",
@@ -301,6 +300,5 @@ CASES: list[Case] = [
         "the early return that keeps the base MLA softmax scale when YaRN scaling is disabled removed from "
         "compute_mla_mscale_scaling (the fix added the apply_yarn_scaling arm; the apply_scale arm beside it in 0.5.23 "
         "may be later, and goes with it)",
-        held_out="seventh set",
     ),
 ]

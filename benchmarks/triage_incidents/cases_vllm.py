@@ -250,6 +250,5 @@ CASES: list[Case] = [
         },
         "the default of Llama 4's attention temperature tuning (the position-dependent query scale of the NoPE "
         "layers) back to off for every context length",
-        held_out="seventh set",
     ),
 ]
