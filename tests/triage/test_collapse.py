@@ -6,13 +6,12 @@ llama.cpp#13870); the Python of a backend choice as vLLM writes them.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import pytest
+from _triage_one import triage_one_report
 
-from speedtrap.triage import PatchReport, from_diff_files
-from speedtrap.triage import triage as run_triage
+from speedtrap.triage import PatchReport
 from speedtrap.triage._collapse import _conditionals
 from speedtrap.triage._ctokens import tokens_at
 
@@ -37,14 +36,7 @@ def select(self, dtype, use_fp8):
 
 
 def run(tmp_path: Path, rel: str, text: str, old: str, new: str) -> PatchReport:
-    root = tmp_path / "tree"
-    (root / rel).parent.mkdir(parents=True, exist_ok=True)
-    (root / rel).write_text(text)
-    after = text.replace(old, new)
-    assert after != text
-    diff = difflib.unified_diff(text.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")
-    (tmp_path / "p.diff").write_text("".join(diff))
-    return run_triage(from_diff_files([tmp_path / "p.diff"], root), None).patches[0]
+    return triage_one_report(tmp_path, rel, text, text.replace(old, new))
 
 
 def test_a_c_conditional_collapsed_into_its_else_arm(tmp_path: Path) -> None:

@@ -6,12 +6,12 @@ sglang#26203; the caller builds it once per attention layer, as ``DeepseekV2Atte
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import pytest
+from _triage_one import triage_one_report
 
-from speedtrap.triage import PatchReport, from_diff_files, triage
+from speedtrap.triage import PatchReport
 
 MODEL = """\
 import math
@@ -57,15 +57,7 @@ DISABLED = '    if not rope_scaling.get("apply_yarn_scaling", True):\n        re
 
 
 def run(tmp_path: Path, old: str, new: str) -> PatchReport:
-    root = tmp_path / "tree"
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "m.py").write_text(MODEL)
-    after = MODEL.replace(old, new)
-    assert after != MODEL
-    diff = difflib.unified_diff(MODEL.splitlines(True), after.splitlines(True), "a/pkg/m.py", "b/pkg/m.py")
-    (tmp_path / "p.diff").write_text("".join(diff))
-    return triage(from_diff_files([tmp_path / "p.diff"], root), None).patches[0]
+    return triage_one_report(tmp_path, "pkg/m.py", MODEL, MODEL.replace(old, new))
 
 
 def test_an_early_return_of_the_unscaled_value_removed_is_a_scale_change(tmp_path: Path) -> None:

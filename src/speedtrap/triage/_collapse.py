@@ -12,8 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from speedtrap.triage._cargs import Token, _pairs, _touching, statements
-from speedtrap.triage._ctokens import tokens_at
+from speedtrap.triage._cargs import Token, changed_pairs
 from speedtrap.triage._pyast import Module
 
 _OPEN = {"(": ")", "[": "]", "{": "}"}
@@ -94,12 +93,8 @@ def _conditionals(stmt: list[Token]) -> list[tuple[int, int, int, int]]:
 
 def c_collapses(old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]) -> list[Collapse]:
     """C-family: changed statements that are an old one with a conditional replaced by one of its arms."""
-    old_toks, new_toks = tokens_at(old_text), tokens_at(new_text)
-    if old_toks is None or new_toks is None:
-        return []
     out: list[Collapse] = []
-    pairs = _pairs(_touching(statements(old_toks), removed), _touching(statements(new_toks), added))
-    for before, after in pairs:
+    for before, after in changed_pairs(old_text, new_text, removed, added):
         want = [t for t, _ in after]
         for start, q, colon, end in _conditionals(before):
             yes, no = before[q + 1 : colon], before[colon + 1 : end]
