@@ -83,4 +83,27 @@ CASES: list[Case] = [
         },
         "PLaMo moved back from the NeoX RoPE list to the normal RoPE list in llama_model_rope_type (C++)",
     ),
+    Case(
+        "llama.cpp-13870",
+        "ggml-org/llama.cpp#13870 (KV cache shift for Qwen2-VL / Qwen2.5-VL, #13865: shifting a cache roped with "
+        "M-RoPE used the M-RoPE type, and generation after a context shift broke; the fix rotates with NeoX RoPE)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-kv-cache-unified.cpp": [
+                (
+                    "    const auto & rope_type = hparams.rope_type == LLAMA_ROPE_TYPE_MROPE\n"
+                    "                                // @ngxson : this is a workaround\n"
+                    "                                // for M-RoPE, we want to rotate the whole vector when doing "
+                    "KV shift\n"
+                    "                                // a normal RoPE should work, we just need to use the correct "
+                    "ordering\n"
+                    "                                // ref: https://github.com/ggml-org/llama.cpp/pull/13870\n"
+                    "                                ? LLAMA_ROPE_TYPE_NEOX\n"
+                    "                                : hparams.rope_type;\n",
+                    "    const auto & rope_type = hparams.rope_type;\n",
+                )
+            ]
+        },
+        "the KV-cache shift's RoPE type back to the model's own for M-RoPE models (C++, build_rope_shift)",
+    ),
 ]

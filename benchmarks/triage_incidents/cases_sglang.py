@@ -253,4 +253,52 @@ CASES: list[Case] = [
         "small K tiles (only `_w8a8_block_fp8_matmul`, the kernel the fix changed; the later Hopper split-K and "
         "gfx1250 kernels keep it)",
     ),
+    Case(
+        "sglang-33558",
+        "sgl-project/sglang#33558 (Laguna: HF's attention_factor, the final YaRN mscale, copied straight into "
+        "attn_factor, which SGLang's YaRN multiplies onto its own yarn_get_mscale_simple(factor): the scale squared, "
+        "global-attention layers corrupted, GSM8K ~20 points low)",
+        *S523,
+        {
+            "sglang/srt/configs/laguna.py": [
+                (
+                    '    if "attention_factor" in rope_params:\n'
+                    "        # attention_factor is the final YaRN mscale; SGLang multiplies attn_factor\n"
+                    "        # onto its own default, so divide that out to avoid squaring the scale.\n"
+                    "        # Drop mscale/mscale_all_dim so the embedding uses that simple default as\n"
+                    "        # its base (yarn.py picks the mscale/mscale_all_dim ratio when both are set).\n"
+                    "        from sglang.srt.layers.rotary_embedding.yarn import yarn_get_mscale_simple\n\n"
+                    '        out.pop("mscale", None)\n'
+                    '        out.pop("mscale_all_dim", None)\n'
+                    '        factor = float(rope_params.get("factor", 1.0) or 1.0)\n'
+                    '        out["attn_factor"] = rope_params["attention_factor"] / yarn_get_mscale_simple(\n'
+                    "            factor\n        )\n",
+                    '    if "attention_factor" in rope_params:\n'
+                    '        out["attn_factor"] = rope_params["attention_factor"]\n',
+                )
+            ]
+        },
+        "the YaRN attention_factor passed through as attn_factor again, so the rotary embedding applies it on top of "
+        "its own mscale (the pre-fix form as the PR describes it, 'copying it straight in'; whether the pre-fix code "
+        "also kept mscale/mscale_all_dim is not known here, they are kept)",
+    ),
+    Case(
+        "sglang-26203",
+        "sgl-project/sglang#26203 (MLA attention over-scaled when YaRN scaling is disabled: native Mistral configs map "
+        "apply_scale=false to apply_yarn_scaling=False, and the MLA softmax scale still took mscale**2; B200 NVFP4 "
+        "accuracy drop; 0.1950 instead of the base 0.0884)",
+        *S523,
+        {
+            "sglang/srt/configs/model_config.py": [
+                (
+                    '    if not rope_scaling.get("apply_yarn_scaling", True) or not rope_scaling.get(\n'
+                    '        "apply_scale", True\n    ):\n        return base_scaling\n\n',
+                    "",
+                )
+            ]
+        },
+        "the early return that keeps the base MLA softmax scale when YaRN scaling is disabled removed from "
+        "compute_mla_mscale_scaling (the fix added the apply_yarn_scaling arm; the apply_scale arm beside it in 0.5.23 "
+        "may be later, and goes with it)",
+    ),
 ]

@@ -228,4 +228,27 @@ CASES: list[Case] = [
         "the unpadding of the MLA prefill output moved back before the attention-state merges (a slice handed to "
         "merge_attn_states)",
     ),
+    Case(
+        "vllm-16439",
+        "vllm-project/vllm#16439 (Llama 4: attention temperature tuning on the NoPE layers enabled by default for "
+        "long context, > 32k; without it RULER long-context accuracy drops; the pre-fix default `False` as in the "
+        "context of #16216's diff)",
+        *V10,
+        {
+            "vllm/model_executor/models/llama4.py": [
+                (
+                    "        # enable temperature tuning by default when max_model_len > 32K\n"
+                    "        default_attn_temperature_tuning = \\\n"
+                    "            vllm_config.model_config.max_model_len > 32768\n"
+                    "        vllm_config.model_config.hf_config.attn_temperature_tuning \\\n"
+                    "            = gen_config.get(\n"
+                    '                "attn_temperature_tuning", default_attn_temperature_tuning)\n',
+                    "        vllm_config.model_config.hf_config.attn_temperature_tuning \\\n"
+                    '            = gen_config.get("attn_temperature_tuning", False)\n',
+                )
+            ]
+        },
+        "the default of Llama 4's attention temperature tuning (the position-dependent query scale of the NoPE "
+        "layers) back to off for every context length",
+    ),
 ]

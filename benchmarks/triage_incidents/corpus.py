@@ -61,6 +61,20 @@ ORDER = (
     "vllm-18807",
     "sglang-20819",
     "llama.cpp-13260",
+    # Formerly held out, seventh set: written and committed (e35364e) before triage ran on them and measured once at
+    # 1/4 in tier 1, with one inert decoy at tier 2 (e4f618b, the analysis as at 1269314); their misses (an early
+    # return of the unscaled value removed, a C-family conditional collapsed into one arm, a condition forced to a
+    # constant, a bare string statement not proven inert) were then fixed in general, so they are developed on now.
+    # Chosen from searches for accuracy fixes of other bug classes (RoPE
+    # scaling, an attention-scale default, an MLA softmax scale under YaRN, a KV-cache shift's RoPE type) whose
+    # pre-fix form could be read and that the cached releases hold, not for what triage would make of them. Left
+    # out while looking: sglang#35160 (raw-logit top-k weights: not merged, not in 0.5.23), vllm#57563 (Mistral
+    # Large 3 YaRN: the pre-fix code could not be read), vllm#7425 (flash-attn soft cap: the pre-fix code could not
+    # be read), llama.cpp#17945 (later than the vendored llama.cpp).
+    "vllm-16439",
+    "sglang-33558",
+    "sglang-26203",
+    "llama.cpp-13870",
 )
 
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from speedtrap.triage import from_diff_files, triage
+from speedtrap.triage import PatchReport, from_diff_files, triage
 
 
 def triage_one_file(tmp_path: Path, rel: str, before: str, after: str) -> tuple[int, tuple[str, ...]]:
     """The tier and reasons of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before``."""
-    (tmp_path / "tree" / rel).parent.mkdir(parents=True)
+    p = triage_one_report(tmp_path, rel, before, after)
+    return p.tier, p.ranking.reasons
+
+
+def triage_one_report(tmp_path: Path, rel: str, before: str, after: str) -> PatchReport:
+    """The whole report of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before``."""
+    assert after != before
+    (tmp_path / "tree" / rel).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "tree" / rel).write_text(before)
     diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
     (tmp_path / "p.diff").write_text(diff)
     [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
-    return p.tier, p.ranking.reasons
+    return p
 
 
 def changed_lines(old: str, new: str) -> tuple[frozenset[int], frozenset[int]]:

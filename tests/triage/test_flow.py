@@ -137,7 +137,8 @@ def test_identity_whose_value_reaches_no_multiply_is_not_a_scale_change(tree: Pa
     diff = patched(tree, [("bias=shift if on_output else None", "bias=shift")], tmp_path / "p.diff")
     [p] = triage(from_diff_files([diff], tree)).patches
     assert not any(s.kind == "scale" for s in p.signals.signals) and p.doubles == []
-    assert p.ranking.risk == 0
+    # not a scale change; the selection itself is gone, and that is said (a collapsed selection, not a scale)
+    assert "scale" not in p.ranking.points and "collapses the selection on `on_output`" in p.ranking.reasons[0]
 
 
 def test_a_rewritten_multiply_under_the_same_guard_is_not_a_double_application(tree: Path, tmp_path: Path) -> None:

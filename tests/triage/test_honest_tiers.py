@@ -73,6 +73,19 @@ INERT = {
             '    def forward(self, hidden_states, shared_output, dtype):\n        """The MoE block."""\n',
         )
     ],
+    "a docstring above the docstring": [
+        (
+            "    def forward(self, hidden_states, shared_output, dtype):\n",
+            "    def forward(self, hidden_states, shared_output, dtype):\n"
+            '        """Decoy docstring."""\n        """The MoE block: routed experts, then the shared output."""\n',
+        )
+    ],
+    "a bare string or ellipsis statement": [
+        (
+            "        final_hidden_states = self.experts(hidden_states)\n",
+            '        "routed experts first"\n        ...\n        final_hidden_states = self.experts(hidden_states)\n',
+        )
+    ],
     "log message": [
         ('logger.debug("moe layer %d", self.layer_id)', 'logger.info("MoE forward, layer %d", self.layer_id)')
     ],

@@ -190,15 +190,20 @@ def _pairs(old: list[list[Token]], new: list[list[Token]]) -> list[tuple[list[To
     return out
 
 
-def argument_changes(old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]) -> list[ArgChange]:
-    """Identity literals swapped with scale-like expressions at call arguments in the changed statements."""
+def changed_pairs(
+    old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]
+) -> list[tuple[list[Token], list[Token]]]:
+    """The statements on changed lines, each old one with its new counterpart (none when a text has a raw string)."""
     old_toks, new_toks = tokens_at(old_text), tokens_at(new_text)
     if old_toks is None or new_toks is None:
         return []
-    old_stmts = _touching(statements(old_toks), removed)
-    new_stmts = _touching(statements(new_toks), added)
+    return _pairs(_touching(statements(old_toks), removed), _touching(statements(new_toks), added))
+
+
+def argument_changes(old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]) -> list[ArgChange]:
+    """Identity literals swapped with scale-like expressions at call arguments in the changed statements."""
     out: list[ArgChange] = []
-    for before, after in _pairs(old_stmts, new_stmts):
+    for before, after in changed_pairs(old_text, new_text, removed, added):
         new_calls = {c.key: c for c in calls(after)}
         for oc in calls(before):
             nc = new_calls.get(oc.key)

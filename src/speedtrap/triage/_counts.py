@@ -1,7 +1,8 @@
 """Is the factor still applied exactly once? Warnings, with the sites named, for the changes the
 double-application search does not cover:
 
-- a multiply of the factor removed: the multiplies that still apply it on that path, or none;
+- a multiply of the factor removed: the multiplies that still apply it on that path, or none (a name too common
+  to trace across the tree, in more than ``_WIDE`` files, is looked for in the changed files only, and said so);
 - a multiply whose conditions or loop changed: it now runs in other cases or more often;
 - a factor now passed into a callee that is not read here (a registered op, ``**kwargs``): the
   multiplies of the factor on the same path, or, when the tree has only a few, all of them (said so).
@@ -18,6 +19,9 @@ from speedtrap.triage._trace import MULTIPLY, CountWarning, DoubleApplication, S
 from speedtrap.triage._units import Units
 
 _FEW = 6
+# A name in more Python files than this is too common a word (`factor`, `scale`) for its whole-tree sites to
+# be one quantity: a removed multiply by it is checked in the changed files only, and the warning says so.
+_WIDE = 300
 
 
 def _multiplies(factor: str, post: SourceIndex, base: list[Site], changed: set[str]) -> list[Site]:
@@ -60,7 +64,9 @@ def count_warnings(
             gone = removed[0]
             mod = post.module(gone.file)
             unit = next(iter(s.summary.split(" from ", 1)[1:]), "").split(".")[0] or None
-            still = _related(units, gone.file, unit, _multiplies(factor, post, sites_of(factor), changed))
+            common = len(post.containing([factor]))
+            base = sites_of(factor) if common <= _WIDE else []
+            still = _related(units, gone.file, unit, _multiplies(factor, post, base, changed))
             head = "the patch removes " + ", ".join(f"`{e.text.strip()}` at {e.file}:{e.line}" for e in removed[:4])
             if still:
                 out.append(
@@ -68,6 +74,14 @@ def count_warnings(
                         factor,
                         f"{head}; {factor} is still applied on that path at {_names(still)}: "
                         "check that every path applies it exactly once",
+                    )
+                )
+            elif mod is not None and common > _WIDE:
+                out.append(
+                    CountWarning(
+                        factor,
+                        f"{head}; no other multiply of {factor} in the changed files, and {common} files of the tree "
+                        f"name {factor}, too many to trace: check where the factor is applied now",
                     )
                 )
             elif mod is not None:

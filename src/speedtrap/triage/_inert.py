@@ -3,7 +3,8 @@
 The normal form drops what cannot change a computed value and canonicalises rewrites that are
 equal by construction:
 
-- docstrings (comments and layout are not in the AST at all);
+- docstrings (comments and layout are not in the AST at all), and any other statement that is a bare constant
+  (a string below the docstring, ``...``): it computes nothing;
 - logging and messages: ``logger.info(...)``, ``print(...)``, ``warnings.warn(...)`` statements whose
   arguments call nothing but pure formatting helpers, and the text of exception and assert messages;
   a log call whose arguments compute is kept and compared, with only its printed text masked (a
@@ -111,6 +112,12 @@ def _strip_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
     return body
 
 
+def _no_effect(value: ast.expr) -> bool:
+    """A statement of this expression alone changes no value: a log call that computes nothing, or a bare constant
+    (a string left where a docstring no longer is, ``...``, a number). An f-string is not a constant: it may format."""
+    return isinstance(value, ast.Constant) or _is_log_call(value)
+
+
 class _Normal(ast.NodeTransformer):
     def generic_visit(self, node: ast.AST) -> ast.AST:
         for name in ("body", "orelse", "finalbody"):
@@ -120,7 +127,7 @@ class _Normal(ast.NodeTransformer):
                     node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
                 ):
                     block = _strip_docstring(block)
-                kept = [s for s in block if not (isinstance(s, ast.Expr) and _is_log_call(s.value))]
+                kept = [s for s in block if not (isinstance(s, ast.Expr) and _no_effect(s.value))]
                 if not kept and name == "body" and not isinstance(node, ast.Module):
                     kept = [ast.Pass()]
                 setattr(node, name, kept)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedtrap.patching import Gate, GateKind
+from speedtrap.triage._earlyret import EARLY_RETURN_REMOVED
 from speedtrap.triage._hotpath import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNKNOWN, HotPath
 from speedtrap.triage._kernelidx import KERNEL
 from speedtrap.triage._manifest import CONFIG, ENV, FLAG, UNGATED
@@ -32,7 +33,7 @@ SAME_MATH = "same math: every changed file is proven inert"
 FORWARD = "changes computation on the forward path; no known risky pattern matched"
 OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
 _OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
-_DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed"}
+_DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed", EARLY_RETURN_REMOVED}
 
 
 def _off_path(file: str) -> bool:
@@ -78,9 +79,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
-        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved")) else 2
+        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved", "collapsed")) else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if s.data.get("widened") or s.data.get("argument") or s.data.get("moved"):
+        if any(s.data.get(k) for k in ("widened", "argument", "moved", "collapsed")):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
@@ -116,8 +117,9 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     if best is None and declared.get("scope"):
         level = EVERY_LAYER if "every layer" in str(declared["scope"]) else SOME_LAYERS
     exposure = _EXPOSURE[level]
-    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION)):
-        exposure = 1  # a buffer allocated or a dtype chosen at construction is read on every step
+    collapsed = any(s.data.get("collapsed") for s in sig.of(GUARD))
+    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or collapsed):
+        exposure = 1  # a buffer allocated, a dtype chosen or a switch forced at construction is read on every step
     points["exposure"] = exposure
     if best is not None:
         reasons.append(_exposure_words(best))

@@ -14,6 +14,7 @@ from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
+from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses, py_forced
 from speedtrap.triage._cswitch import case_moves
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
@@ -31,6 +32,7 @@ from speedtrap.triage._detect import (
     scale,
     text_signals,
 )
+from speedtrap.triage._earlyret import early_returns_removed
 from speedtrap.triage._flow import Flow, IdentityChange, identity_changes
 from speedtrap.triage._hotpath import SETUP, UNKNOWN, HotPath, HotPaths
 from speedtrap.triage._inert import inert
@@ -107,12 +109,15 @@ def analyze(
                     result.hot_paths.append(found)
             result.changed.extend(_first_changes(cf))
             continue
+        collapsed: list[Collapse] = []
         if old is not None and new is not None:
             why = inert(old.tree, new.tree)
             if why is not None:
                 result.inert.append((cf.path, why))
                 continue  # proven: nothing runs differently
             result.signals.extend(class_signals(cf, old, new))
+            result.signals.extend(early_returns_removed(cf, old, new))
+            collapsed = py_collapses(old, new, cf.removed, cf.added) + py_forced(old, new, cf.removed, cf.added)
         result.changed.extend(_first_changes(cf))
         if old is not None:
             result.signals.extend(guards_removed(cf, old, new))
@@ -121,6 +126,11 @@ def analyze(
         result.signals.extend(scale(cf, new, old, symbol))
         if flow is not None and old is not None and new is not None:
             result.signals.extend(_identity_signals(cf, old, new, flow, result.identity))
+        if old is not None and new is not None:
+            # A collapse the value flow already read as an identity change (a scale) on that line is said once.
+            scaled = {(e.file, e.line) for s in result.of(SCALE) for e in s.evidence if e.side == "-"}
+            fresh = [c for c in collapsed if (cf.path, c.old_line) not in scaled]
+            result.signals.extend(_collapse_signals(cf, fresh, "ast"))
         if new is not None and gate is None:
             gate = gating(cf, new)
         funcs: list[tuple[Module, ast.FunctionDef | ast.AsyncFunctionDef]] = []
@@ -184,6 +194,7 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         )
         moved = {"kind": "case moved", "moved": True, "label": mv.label, "before": mv.before, "after": mv.after}
         out.append(Signal(GUARD, f"{mv.summary} ({cf.path}:{mv.new_line})", lines, method="tokens", data=moved))
+    out.extend(_collapse_signals(cf, c_collapses(old_text, new_text, cf.removed, cf.added), "tokens"))
     for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
         ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
         if pc.new_line is not None:
@@ -191,6 +202,20 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         where = f"{cf.path}:{pc.new_line or pc.old_line}"
         kind = {"kind": "precision request", "conditions": list(pc.conditions)}
         out.append(Signal(PRECISION, f"{pc.summary} ({where})", tuple(ev), method="tokens", data=kind))
+    return out
+
+
+def _collapse_signals(cf: ChangedFile, found: list[Collapse], method: str) -> list[Signal]:
+    """A selection collapsed into one arm: a guard-class signal (the cases a condition selected now take the other
+    arm), with the old and new lines."""
+    out: list[Signal] = []
+    for c in found:
+        lines = (
+            Evidence(cf.path, c.old_line, "-", cf.removed_text(c.old_line)),
+            Evidence(cf.path, c.new_line, "+", cf.added_text(c.new_line)),
+        )
+        data = {"kind": "selection collapsed", "collapsed": True, "condition": c.condition}
+        out.append(Signal(GUARD, f"{c.summary} ({cf.path}:{c.new_line})", lines, method=method, data=data))
     return out
 
 
