@@ -87,7 +87,6 @@ def test_an_error_message_keeps_its_brackets(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.slow
-@pytest.mark.stack  # 172 s in CI's slow run (2026-12-02): a benchmark now, docs/performance.md
 def test_run_on_the_gguf_dense_model_with_a_user_patch(tmp_path: Path) -> None:
     from speedtrap.targets.smolmoe import default_gguf_path
 

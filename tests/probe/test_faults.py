@@ -37,8 +37,7 @@ def _divergence(reference_url: str, url: str) -> Any:
 
 
 @pytest.mark.slow
-# The divergence case (120 s in CI's slow run, 2026-12-02) is a benchmark (pytest -m stack): CI runs recall.
-@pytest.mark.parametrize("probe", ["recall", pytest.param("divergence", marks=pytest.mark.stack)])
+@pytest.mark.parametrize("probe", ["recall", "divergence"])
 def test_a_probe_through_ten_percent_faults_reports_the_clean_figures(served: Server, probe: str) -> None:
     def measure(url: str) -> Any:
         return _recall(url) if probe == "recall" else _divergence(url, url)
