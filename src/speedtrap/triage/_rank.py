@@ -33,6 +33,7 @@ SAME_MATH = "same math: every changed file is proven inert"
 FORWARD = "changes computation on the forward path; no known risky pattern matched"
 OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
 _OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
+_LOOSENED = ("widened", "moved", "collapsed")  # guard signals whose guarded path still runs
 _DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed", EARLY_RETURN_REMOVED}
 
 
@@ -79,9 +80,10 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     reasons: list[str] = []
     points: dict[str, int] = {}
     for s in sig.of(GUARD):
-        p = 3 if any(s.data.get(k) for k in ("not_implemented", "replaced", "widened", "moved", "collapsed")) else 2
+        loosened = any(s.data.get(k) for k in _LOOSENED)  # the path still runs, under another condition
+        p = 3 if loosened or s.data.get("not_implemented") or s.data.get("replaced") else 2
         points["guard"] = max(points.get("guard", 0), p)
-        if any(s.data.get(k) for k in ("widened", "argument", "moved", "collapsed")):
+        if loosened or s.data.get("argument"):
             reasons.append(s.summary)
         else:
             reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
