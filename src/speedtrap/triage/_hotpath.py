@@ -5,6 +5,13 @@ A module class is *per layer* when it is instantiated inside a loop, comprehensi
 per-layer class. Its forward-reachable methods then run per layer and per token; functions they
 call (kernels) inherit that. Conditions on an instantiation (``HashTopK(...) if is_hash``) make it
 *some layers*.
+
+A changed statement in a module's construction code (``__init__`` and the like) that sets an attribute
+(``self.scaling = ...``, ``self.register_buffer("inv_freq", ...)``) runs once, but what it sets is read
+wherever the class's forward-reachable methods read ``self.<attr>`` as a value: it is then exposed as
+often as that forward runs (every layer, for a per-layer module), and the chain names the reader. A
+submodule it builds (``self.mlp = MoE(...)``, read as ``self.mlp(x)``) is not such a read: the
+submodule's own changed code is classified where it runs.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class HotPath:
     level: str
     chain: tuple[str, ...]  # how it was reached, outermost last
     conditions: tuple[str, ...]  # conditions on the instantiations along the chain
+    reader: str = ""  # construction code: the forward method that reads what the change sets ("" otherwise)
 
     @property
     def rank(self) -> int:
@@ -61,6 +69,7 @@ class HotPath:
             "level": self.level,
             "chain": list(self.chain),
             "conditions": list(self.conditions),
+            **({"reader": self.reader} if self.reader else {}),
         }
 
 
@@ -90,15 +99,79 @@ def _forward_reachable(cls: ast.ClassDef) -> set[str]:
     return seen
 
 
+def _attributes_set(stmt: ast.stmt) -> set[str]:
+    """``self.<attr>`` names a statement binds (assignments, ``self.register_buffer("name", ...)``)."""
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = [t for target in stmt.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        targets = [stmt.target]
+    found = {t.attr for t in targets if isinstance(t, ast.Attribute) and _is_self(t.value)}
+    for node in ast.walk(stmt):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("register_buffer", "register_parameter")
+            and _is_self(node.func.value)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+def _attributes_read(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """``self.<attr>`` values a method reads; a submodule it calls (``self.mlp(x)``) runs its own forward,
+    which is classified on its own, so a call target is not a read here."""
+    called = {id(n.func) for n in ast.walk(func) if isinstance(n, ast.Call)}
+    return {
+        n.attr
+        for n in ast.walk(func)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and _is_self(n.value) and id(n) not in called
+    }
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
 class HotPaths:
     def __init__(self, units: Units) -> None:
         self.units = units
         self._class_memo: dict[tuple[str, str], tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
 
-    def classify(self, mod: Module, func: ast.FunctionDef | ast.AsyncFunctionDef) -> HotPath:
+    def classify(
+        self, mod: Module, func: ast.FunctionDef | ast.AsyncFunctionDef, lines: frozenset[int] | set[int] = frozenset()
+    ) -> HotPath:
+        """How often ``func`` runs; for construction code, how often what its changed ``lines`` set is read."""
         label = f"{mod.path}:{mod.qualname(func)}.{func.name}".replace(":<module>.", ":")
         level, chain, conds = self._function(mod, func, depth=0, seen=set())
+        if level == SETUP and lines:
+            read = self._read_in_forward(mod, func, lines)
+            if read is not None:
+                reader, (level, chain, conds) = read
+                return HotPath(label, level, chain, conds, reader)
         return HotPath(label, level, chain, conds)
+
+    def _read_in_forward(
+        self, mod: Module, func: ast.FunctionDef | ast.AsyncFunctionDef, lines: frozenset[int] | set[int]
+    ) -> tuple[str, tuple[str, tuple[str, ...], tuple[str, ...]]] | None:
+        """Where forward reads the attributes the changed construction statements set, and how often."""
+        cls = mod.parent(func)
+        if not isinstance(cls, ast.ClassDef):
+            return None
+        attrs = {a for stmt in mod.statements_touching(lines) for a in _attributes_set(stmt)}
+        if not attrs:
+            return None
+        methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for name in sorted(_forward_reachable(cls)):
+            read = sorted(attrs & _attributes_read(methods[name]))
+            if read:
+                level, chain, conds = self._class(mod.path, cls.name, 0)
+                why = f"{cls.name}.{func.name} sets self.{read[0]}, which {cls.name}.{name} reads"
+                return f"self.{read[0]} in {cls.name}.{name}", (level, (why, *chain), conds)
+        return None
 
     def _function(
         self, mod: Module, func: ast.FunctionDef | ast.AsyncFunctionDef, depth: int, seen: set[tuple[str, str]]

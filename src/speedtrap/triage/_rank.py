@@ -159,6 +159,11 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
 def _exposure_words(best: HotPath) -> str:
     func = best.function.split(":", 1)[-1]
     why = "; ".join(best.chain[1:]) if len(best.chain) > 1 else (best.chain[0] if best.chain else "")
+    if best.reader and best.level in (EVERY_LAYER, SOME_LAYERS, PER_STEP):
+        where = {EVERY_LAYER: "on every layer for every token", PER_STEP: "once per forward step"}.get(
+            best.level, f"on some layers only, for every token (only where {'; '.join(best.conditions)})"
+        )
+        return f"construction code ({func}) sets what is read {where}: {'; '.join(best.chain)}"
     if best.level == EVERY_LAYER:
         return f"runs on every layer for every token: {func} ({why})"
     if best.level == SOME_LAYERS:

@@ -142,7 +142,7 @@ def analyze(
         for mod, func in funcs:
             phase_words.append((f"{mod.qualname(func)}.{func.name}", f"{cf.path}:{func.lineno}"))
             if hot is not None:
-                result.hot_paths.append(hot.classify(mod, func))
+                result.hot_paths.append(hot.classify(mod, func, cf.added if mod is new else cf.removed))
         for node in new.nodes_on_lines(cf.added) if new else []:
             if isinstance(node, (ast.Name, ast.Attribute)):
                 phase_words.append((last_name(node) or "", f"{cf.path}:{node.lineno}"))
