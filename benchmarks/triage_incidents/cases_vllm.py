@@ -294,8 +294,7 @@ CASES: list[Case] = [
                     '            partial_rotary_factor = getattr(config, "partial_rotary_factor", 1.0)\n'
                     "            rotary_dim = int(self.head_dim * partial_rotary_factor)\n"
                     "        if rotary_dim is None:\n",
-                    '        rotary_dim = getattr(config, "rotary_dim", None)\n'
-                    "        if rotary_dim is None:\n",
+                    '        rotary_dim = getattr(config, "rotary_dim", None)\n        if rotary_dim is None:\n',
                 )
             ]
         },
