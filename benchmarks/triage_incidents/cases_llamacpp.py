@@ -106,4 +106,25 @@ CASES: list[Case] = [
         },
         "the KV-cache shift's RoPE type back to the model's own for M-RoPE models (C++, build_rope_shift)",
     ),
+    Case(
+        "llama.cpp-14850",
+        "ggml-org/llama.cpp#14850 (MiniCPM gibberish after the Granite Four PR #13550: MiniCPM builds its graph with "
+        "llm_build_granite, which now applies RoPE only when hparams.rope_finetuned is set, and MiniCPM's loader did "
+        "not set it; the fix sets it for LLM_ARCH_MINICPM)",
+        *LCP,
+        {
+            "vendor/llama.cpp/src/llama-model.cpp": [
+                (
+                    "                ml.get_key(LLM_KV_LOGIT_SCALE,                 hparams.f_logit_scale);\n\n"
+                    "                // MiniCPM uses rope by default, unlike Granite which uses it as a switch\n"
+                    "                hparams.rope_finetuned = true;\n\n",
+                    "                ml.get_key(LLM_KV_LOGIT_SCALE,                 hparams.f_logit_scale);\n\n",
+                )
+            ]
+        },
+        "MiniCPM's loader no longer sets the flag the shared Granite graph reads as its RoPE switch, so its attention "
+        "runs without RoPE (C++; the PR's first part, an enum value restored, is not in the merged fix as released "
+        "and is not reversed)",
+        held_out="eighth set",
+    ),
 ]

@@ -301,4 +301,44 @@ CASES: list[Case] = [
         "compute_mla_mscale_scaling (the fix added the apply_yarn_scaling arm; the apply_scale arm beside it in 0.5.23 "
         "may be later, and goes with it)",
     ),
+    Case(
+        "sglang-8685",
+        "sgl-project/sglang#8685 (cutlass MLA at 0.000 GSM8K accuracy: #8632 added a parameter, NUM_PAGE_PER_BLOCK, "
+        "before PAGED_SIZE in create_flashmla_kv_indices_triton, and the cutlass MLA backend passed the page size "
+        "positionally, so it landed in the new parameter; the fix passes it by name)",
+        *S51,
+        {
+            "sglang/srt/layers/attention/cutlass_mla_backend.py": [
+                ("ALL:PAGED_SIZE=PAGE_SIZE,\n", "PAGE_SIZE,\n"),
+            ]
+        },
+        "the page size passed positionally again at the three calls of the KV-index Triton kernel, where it binds to "
+        "NUM_PAGE_PER_BLOCK and PAGED_SIZE keeps its default of 64 (the diff between the 0.4.10 and 0.5.1 wheels is "
+        "exactly these three lines)",
+        held_out="eighth set",
+    ),
+    Case(
+        "sglang-19247",
+        "sgl-project/sglang#19247 ([AMD] accuracy with --enable-dp-attention: at tp8/dp8 the attention TP size is 1, "
+        "each GPU sees all 128 heads, and the persistent a16w16 MLA decode kernel, which does not support 128 heads, "
+        "was selected; the comment said so but the condition did not include it)",
+        *S523,
+        {
+            "sglang/srt/layers/attention/aiter_backend.py": [
+                (
+                    "            if (\n"
+                    '                (self.mla_kernel_num_head_padded == 16 and self.head_pad_mode != "zero")\n'
+                    "                or self.mla_kernel_num_head_padded == 128\n"
+                    "            ) and self.kv_cache_dtype is not fp8_dtype:\n",
+                    "            if (\n"
+                    '                self.mla_kernel_num_head_padded == 16 and self.head_pad_mode != "zero"\n'
+                    "            ) and self.kv_cache_dtype is not fp8_dtype:\n",
+                )
+            ]
+        },
+        "the 128-head arm dropped from the condition that falls back from the persistent MLA decode kernel for a "
+        "non-FP8 KV cache, so 128 heads select the persistent kernel again (the fix added `num_head == 128`; 0.5.23 "
+        "reads the padded head count and has a zero-pad arm added since, both kept; the comments are left as they are)",
+        held_out="eighth set",
+    ),
 ]

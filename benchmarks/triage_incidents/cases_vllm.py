@@ -251,4 +251,57 @@ CASES: list[Case] = [
         "the default of Llama 4's attention temperature tuning (the position-dependent query scale of the NoPE "
         "layers) back to off for every context length",
     ),
+    Case(
+        "vllm-16912",
+        "vllm-project/vllm#16912, #16904 (GLM: the Llama attention's rotary embedding halved after construction, "
+        "`layer.self_attn.rotary_emb.rotary_dim //= 2` in every layer; get_rope returns one cached RotaryEmbedding "
+        "shared by all layers, so rotary_dim became 64, 32, 16, ..., 0; the fix sets partial_rotary_factor = 0.5 "
+        "before the model is built instead)",
+        *V10,
+        {
+            "vllm/model_executor/models/glm.py": [
+                (
+                    "        vllm_config.model_config.hf_config.partial_rotary_factor = 0.5\n"
+                    "        super().__init__(vllm_config=vllm_config, prefix=prefix)\n",
+                    "        super().__init__(vllm_config=vllm_config, prefix=prefix)\n",
+                ),
+                (
+                    "            if not isinstance(layer, PPMissingLayer):\n"
+                    "                layer.self_attn.rotary_emb.is_neox_style = False\n",
+                    "            if not isinstance(layer, PPMissingLayer):\n"
+                    "                layer.self_attn.rotary_emb.rotary_dim //= 2\n"
+                    "                layer.self_attn.rotary_emb.is_neox_style = False\n",
+                ),
+            ]
+        },
+        "GLM's half rotary dimension applied again by mutating each layer's rotary embedding after construction "
+        "(a shared, cached object: halved once per layer) instead of partial_rotary_factor before it (the pre-fix "
+        "form as #16904 quotes it; the fix also dropped the SupportsV0Only marker, not put back here: this release "
+        "has no V0 engine to fall back to)",
+        held_out="eighth set",
+    ),
+    Case(
+        "vllm-43770",
+        "vllm-project/vllm#43770 (bailing_moe: Ling-flash-2.0 and AntAngelMed set partial_rotary_factor = 0.5 and no "
+        "rotary_dim; the attention took rotary_dim from the config or else the whole head_dim, so it wrote "
+        "partial_rotary_factor = 1 back into rope_parameters and the rotary embedding rotated the whole head)",
+        *V33,
+        {
+            "vllm/model_executor/models/bailing_moe.py": [
+                (
+                    '        rotary_dim = getattr(config, "rotary_dim", None)\n'
+                    "        if rotary_dim is None:\n"
+                    '            partial_rotary_factor = getattr(config, "partial_rotary_factor", 1.0)\n'
+                    "            rotary_dim = int(self.head_dim * partial_rotary_factor)\n"
+                    "        if rotary_dim is None:\n",
+                    '        rotary_dim = getattr(config, "rotary_dim", None)\n        if rotary_dim is None:\n',
+                )
+            ]
+        },
+        "the config's partial_rotary_factor no longer consulted when rotary_dim is absent, so the rotary dimension "
+        "falls back to the whole head and partial_rotary_factor is overwritten with 1 (the PR quotes the pre-fix "
+        "logic as `rotary_dim = getattr(config, 'rotary_dim', self.head_dim)`; the release's second "
+        "`if rotary_dim is None` fallback is kept, which reads the same)",
+        held_out="eighth set",
+    ),
 ]

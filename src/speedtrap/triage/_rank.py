@@ -120,8 +120,10 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         level = EVERY_LAYER if "every layer" in str(declared["scope"]) else SOME_LAYERS
     exposure = _EXPOSURE[level]
     collapsed = any(s.data.get("collapsed") for s in sig.of(GUARD))
-    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or collapsed):
-        exposure = 1  # a buffer allocated, a dtype chosen or a switch forced at construction is read on every step
+    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or collapsed or scale):
+        # a buffer allocated, a dtype chosen, a switch forced or a scale computed at construction (a rotary
+        # dimension, a softmax scale: stored in what it builds) is read on every step
+        exposure = 1
     points["exposure"] = exposure
     if best is not None:
         reasons.append(_exposure_words(best))

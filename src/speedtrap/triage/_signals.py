@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from speedtrap.triage._cargs import argument_changes, precision_changes
 from speedtrap.triage._changes import ChangedFile
 from speedtrap.triage._chot import c_hot_path
-from speedtrap.triage._classes import GRAPH, MEMORY, class_signals
+from speedtrap.triage._classes import GRAPH, MEMORY, class_signals, shifted_arguments
 from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses, py_forced
 from speedtrap.triage._cswitch import case_moves
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
@@ -116,6 +116,8 @@ def analyze(
                 result.inert.append((cf.path, why))
                 continue  # proven: nothing runs differently
             result.signals.extend(class_signals(cf, old, new))
+            if flow is not None:
+                result.signals.extend(shifted_arguments(cf, old, new, flow.resolver))
             result.signals.extend(early_returns_removed(cf, old, new))
             collapsed = py_collapses(old, new, cf.removed, cf.added) + py_forced(old, new, cf.removed, cf.added)
         result.changed.extend(_first_changes(cf))
