@@ -419,7 +419,10 @@ def find_dispatch(index: SourceIndex) -> Dispatch | None:
 # -- a patch's verdict --------------------------------------------------------------------------------
 
 _MAX_FILES = 60  # a name or module referenced from more files than this is shared code: not read further
-_DEPTH = 3  # references followed through this many not-selectable files or functions
+# References are followed through this many functions, and files, that cannot run themselves (each step
+# is a search of the tree's text: kept short so a whole-tree triage takes about as long as without it).
+_NAME_DEPTH = 2
+_FILE_DEPTH = 1
 
 
 @dataclass
@@ -438,7 +441,7 @@ class PlatformReach:
     def verdict(self, files: list[ChangedFile], post: SourceIndex | None = None) -> tuple[bool | None, str]:
         """(False: no changed line can run on the platform; True: one may; None: not decided), in words.
         ``post``: the tree with the patch laid on (references are read there)."""
-        return _Reader(post or self.index, self.platform, self.dispatch()).verdict(files)
+        return _Reader(post or self.index, self.platform, self.dispatch(), self.index).verdict(files)
 
 
 @dataclass
@@ -446,6 +449,7 @@ class _Reader:
     index: SourceIndex
     platform: Platform
     dispatch: Dispatch | None
+    base: SourceIndex  # the tree without the patch: its parsed files are shared across patches
     _files: dict[str, Block | None] = field(default_factory=dict)
     _names: dict[str, Block | None] = field(default_factory=dict)
     _conds: dict[str, Conditions] = field(default_factory=dict)
@@ -484,9 +488,10 @@ class _Reader:
         """The block of every changed line of ``f`` (old lines in the old text, new in the new), or None
         when one of them may run on the platform."""
         out: list[Block] = []
-        for mod, lines in ((f.new_module(), f.added), (f.old_module(), f.removed)):
+        for side, lines in (("new", f.added), ("old", f.removed)):
             if not lines:
                 continue
+            mod = self._parsed(f, side)
             if mod is None:
                 return None
             for line in sorted(lines):
@@ -497,12 +502,19 @@ class _Reader:
                 out.append(b)
         return out or None
 
+    def _parsed(self, f: ChangedFile, side: str) -> Module | None:
+        """``f``'s new (or old) text parsed, taken from the index that holds it when it does (parsed once)."""
+        text, index = (f.new_text, self.index) if side == "new" else (f.old_text, self.base)
+        if text is not None and index.read(f.path) == text:
+            return index.module(f.path)
+        return f.new_module() if side == "new" else f.old_module()
+
     def place(self, mod: Module, rel: str, line: int, depth: int) -> Block | None:
         """Why ``line`` of ``mod`` cannot run: its branch, or a function around it that only code which
         cannot run refers to."""
         cond = self.conditions(mod)
         b = line_block(cond, rel, line, self.platform, self.foreign_classes(rel))
-        if b is not None or depth >= _DEPTH:
+        if b is not None or depth >= _NAME_DEPTH:
             return b
         for fn in _defs_around(mod.tree.body, line):
             b = self.name_block(fn.name, rel, depth + 1)
@@ -541,13 +553,23 @@ class _Reader:
         return self._files[rel]
 
     def _file_block(self, rel: str, depth: int) -> Block | None:
-        if depth > _DEPTH or not rel.endswith(".py") or rel.endswith("__init__.py"):
+        if depth > _FILE_DEPTH or not rel.endswith(".py") or rel.endswith("__init__.py"):
             return None
         module = rel[: -len(".py")].replace("/", ".")
         leaf = module.rsplit(".", 1)[-1]
         candidates = set(self.index.containing([leaf]))
         candidates.discard(rel)
         word = re.escape(leaf)
+        # First the cheap answer: an import at the top of a file that may itself run (read off the text,
+        # no parse; another module of the same name only makes this keep more).
+        top = re.compile(rf"^(from|import)\b[^\n(]*(\([^)]*)?\b{word}\b", re.M)
+        for other in sorted(candidates):
+            if (
+                not _is_test(other)
+                and top.search(self.index.read(other) or "")
+                and not self.file_block(other, depth + 1)
+            ):
+                return None
         looks = re.compile(  # an import line naming it, or a string that is a dotted name holding it
             rf"^[ \t]*(from|import)\b[^\n(]*(\([^)]*)?\b{word}\b|['\"][\w.:]*\b{word}\b[\w.:]*['\"]", re.M
         )
