@@ -570,6 +570,21 @@ def test_platform_is_parsed_once_with_the_key_in_the_error() -> None:
         Platform.parse(3, "target.platform", ManifestError)
 
 
+def test_isolates_manifest_reader_checks_the_same_key(tmp_path: Path) -> None:
+    from speedtrap.isolate import parse_manifest
+
+    def target(platform: object) -> dict[str, object]:
+        return {
+            "target": {"launch": ["srv", "--port", "{port}"], "platform": platform},
+            "patches": [{"name": "p", "gate": "ungated"}],
+            "verdict": {"bound": 0.1},
+        }
+
+    assert parse_manifest(target("ROCm"), tmp_path).target.platform is Platform.ROCM
+    with pytest.raises(ManifestError, match=r"target\.platform 'amd' is not a platform \(fix: write one of cuda"):
+        parse_manifest(target("amd"), tmp_path)
+
+
 def test_cli_platform_flag_and_manifest_target(sgl: Path, tmp_path: Path) -> None:
     d = _diff(sgl, FP8, "x = x.contiguous()", "x = x.contiguous() * 1.5", tmp_path / "hip.diff")
     ok = CliRunner().invoke(app, ["triage", "--patch", str(d), "--tree", str(sgl), "--platform", "cuda", "--json"])

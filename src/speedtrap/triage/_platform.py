@@ -547,10 +547,11 @@ class _Reader:
 
     def file_block(self, rel: str, depth: int) -> Block | None:
         """Why no code of file ``rel`` can run on the platform (every reference to it cannot), or None."""
-        if rel not in self._files:
-            self._files[rel] = None  # a cycle reads as "may run"
-            self._files[rel] = self._file_block(rel, depth)
-        return self._files[rel]
+        key = f"{rel}@{depth}"  # a deeper reading stops sooner: its answer is not the shallower one's
+        if key not in self._files:
+            self._files[key] = None  # a cycle reads as "may run"
+            self._files[key] = self._file_block(rel, depth)
+        return self._files[key]
 
     def _file_block(self, rel: str, depth: int) -> Block | None:
         if depth > _FILE_DEPTH or not rel.endswith(".py") or rel.endswith("__init__.py"):
@@ -587,7 +588,7 @@ class _Reader:
         definition, cannot; or None."""
         if name.startswith("__") or len(name) < 6:
             return None
-        key = f"{home}:{name}"
+        key = f"{home}:{name}@{depth}"
         if key not in self._names:
             self._names[key] = None
             self._names[key] = self._blocked_refs(
