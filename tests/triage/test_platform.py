@@ -424,6 +424,16 @@ def test_vllm_dispatch_class_and_a_module_imported_only_on_rocm(vl: Path, tmp_pa
     assert _one(vl, gfx, "cuda")[0] == 2
 
 
+def test_a_class_two_plugins_name_is_kept_for_both(vl: Path, tmp_path: Path) -> None:
+    init = vl / "vl/platforms/__init__.py"
+    init.write_text(
+        init.read_text() + '\n\ndef xpu_platform_plugin() -> str | None:\n    return "vl.platforms.rocm.RocmPlatform"\n'
+    )
+    plat = _diff(vl, "vl/platforms/rocm.py", "rocm_attn.RocmBackend", "rocm_attn.RocmBackend2", tmp_path / "p.diff")
+    assert _one(vl, plat, "xpu")[0] == 2
+    assert _one(vl, plat, "cuda")[0] == 3
+
+
 def test_an_unconditional_import_keeps_the_module(vl: Path, tmp_path: Path) -> None:
     (vl / "vl/layers/extra.py").write_text("from vl.ops.rocm_kernels import fused_rope\n")
     kern = _diff(vl, "vl/ops/rocm_kernels.py", "q * 2", "q * 3", tmp_path / "k.diff")

@@ -386,14 +386,15 @@ class Dispatch:
     class (``rocm_platform_plugin`` -> ``vllm.platforms.rocm.RocmPlatform``)."""
 
     file: str
-    selects: dict[str, tuple[str, int, Platform | None]]  # dotted class -> (plugin name, line, platform)
+    selects: dict[str, list[tuple[str, int, Platform | None]]]  # dotted class -> [(plugin, line, platform)]
 
     def others(self, platform: Platform) -> dict[str, tuple[str, int, Platform | None]]:
-        """Classes only other platforms' plugins select (none when ``platform`` has no plugin here)."""
-        mine = {c for c, (_, _, p) in self.selects.items() if p is platform}
+        """Classes only other platforms' plugins select, with the first plugin naming each (none when
+        ``platform`` has no plugin here)."""
+        mine = {c for c, named in self.selects.items() if any(p is platform for _, _, p in named)}
         if not mine:
             return {}
-        return {c: v for c, v in self.selects.items() if c not in mine}
+        return {c: named[0] for c, named in self.selects.items() if c not in mine}
 
 
 def find_dispatch(index: SourceIndex) -> Dispatch | None:
@@ -403,14 +404,14 @@ def find_dispatch(index: SourceIndex) -> Dispatch | None:
         mod = index.module(rel)
         if mod is None:
             continue
-        selects: dict[str, tuple[str, int, Platform | None]] = {}
+        selects: dict[str, list[tuple[str, int, Platform | None]]] = {}
         for fn in mod.tree.body:
             if not (isinstance(fn, ast.FunctionDef) and fn.name.endswith("_platform_plugin")):
                 continue
             name = fn.name[: -len("_platform_plugin")]
             for n in ast.walk(fn):
                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"[\w.]+\.\w+", n.value):
-                    selects.setdefault(n.value, (fn.name, n.lineno, _DISPATCH_NAMES.get(name)))
+                    selects.setdefault(n.value, []).append((fn.name, n.lineno, _DISPATCH_NAMES.get(name)))
         if selects:
             return Dispatch(rel, selects)
     return None
