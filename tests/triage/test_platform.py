@@ -378,6 +378,35 @@ def test_the_served_platforms_change_ranks_above_the_others(sgl: Path, tmp_path:
     assert [(p.name, p.tier) for p in report.patches] == [("mine", 2), ("hip", 3)]
 
 
+def test_the_model_and_the_platform_demote_one_tier_together(
+    sgl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code neither the served model nor the platform runs is one tier lower, not two."""
+    models = sgl / "sgl/srt/models"
+    models.mkdir()
+    (models / "__init__.py").write_text("")
+    (models / "llama.py").write_text("from sgl.srt.layers.activation import SiluAndMul\n\n\nclass Llama:\n    pass\n")
+    (models / "qwen.py").write_text(
+        "from sgl.srt.utils import is_hip\n\n_is_hip = is_hip()\n\n\nclass Qwen:\n    def forward(self, x):\n"
+        "        if _is_hip:\n            x = x * 2\n        return x\n"
+    )
+    d = _diff(sgl, "sgl/srt/models/qwen.py", "x = x * 2", "x = x * 3", tmp_path / "q.diff")
+    assert triage(from_diff_files([d], sgl)).patches[0].tier == 2
+    import dataclasses
+
+    from speedtrap.triage import _run
+
+    real_rank = _run.rank
+    # ranked tier 1 (as a risky pattern would be), so two demotions would show as tier 3
+    monkeypatch.setattr(_run, "rank", lambda *a: dataclasses.replace(real_rank(*a), tier=1))
+    assert triage(from_diff_files([d], sgl)).patches[0].tier == 1
+    p = triage(from_diff_files([d], sgl), None, "Llama", Platform.CUDA).patches[0]
+    assert p.tier == 2
+    assert p.ranking.reasons[0].startswith("not selectable on platform cuda: under `if _is_hip:`")
+    assert p.ranking.reasons[1].startswith("not reachable from the served model Llama")
+    assert triage(from_diff_files([d], sgl), None, None, Platform.CUDA).patches[0].tier == 2
+
+
 # -- vLLM -------------------------------------------------------------------------------------------
 
 

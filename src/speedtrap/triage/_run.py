@@ -198,17 +198,21 @@ def triage(
                     missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
+        demoted = False
         if reach is not None and files:
             runs, words = reach.verdict([f.path for f in files])
             if not runs:  # code the served model never runs: below every change it can run
                 ranking = dataclasses.replace(ranking, tier=min(3, ranking.tier + 1), reasons=(words, *ranking.reasons))
+                demoted = True
             else:
                 ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
             notes.append(words)
         if on_platform is not None and files:
             selectable, words = on_platform.verdict(files, post)
             if selectable is False:  # code the served platform never selects: below every change it can run
-                ranking = dataclasses.replace(ranking, tier=min(3, ranking.tier + 1), reasons=(words, *ranking.reasons))
+                # one tier for code never run, whether the model or the platform (or both) says so
+                tier = ranking.tier if demoted else min(3, ranking.tier + 1)
+                ranking = dataclasses.replace(ranking, tier=tier, reasons=(words, *ranking.reasons))
             else:
                 ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
             notes.append(words)
