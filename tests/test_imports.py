@@ -57,7 +57,7 @@ def test_the_walker_sees_a_private_import(tmp_path: Path) -> None:
 
 # -- one concept, one type: the spec's concepts are defined in speedtrap/spec only ---------------
 
-SPEC_CONCEPTS = {"Bound", "Metric", "Verdict", "VerdictSpec", "Probe", "Gate", "GateKind", "Polarity"}
+SPEC_CONCEPTS = {"Bound", "Metric", "Verdict", "VerdictSpec", "Probe", "Gate", "GateKind", "Polarity", "Platform"}
 
 
 def second_definitions(root: Path = ROOT) -> list[str]:

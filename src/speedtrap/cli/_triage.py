@@ -34,6 +34,14 @@ ModelOpt = Annotated[
         "(default with --manifest: its [target] model folder, where it holds a config.json).",
     ),
 ]
+PlatformOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--platform",
+        help="The hardware served on: cuda, rocm, cpu, xpu, tpu or npu; ranks code it cannot select "
+        "(under `if _is_hip:` on cuda) one tier lower (default with --manifest: its [target] platform).",
+    ),
+]
 PlanOpt = Annotated[
     Path | None, typer.Option("--plan", help="Write the diagnostic plan (Markdown) here; '-' for stdout.")
 ]
@@ -54,12 +62,15 @@ def triage_cmd(
     symbol: SymbolOpt = None,
     plan: PlanOpt = None,
     model: ModelOpt = None,
+    platform: PlatformOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Rank patches from their diffs (tiers with reasons), trace a factor, write a diagnostic plan."""
+    from speedtrap.spec import Platform
     from speedtrap.triage import from_diff_files, from_git_range, from_manifest, from_target, render_plan, trace_symbol
     from speedtrap.triage import triage as run_triage
 
+    served = Platform.parse(platform, "--platform") if platform is not None else None
     if more:
         if not patch:
             raise UsageError(f"unexpected argument {str(more[0])!r}", "pass diff files with --patch FILE...")
@@ -99,7 +110,7 @@ def triage_cmd(
     else:
         patch_set = from_diff_files(list(patch or []), tree)
     try:
-        report = run_triage(patch_set, symbol, model)
+        report = run_triage(patch_set, symbol, model, served)
         markdown = render_plan(report, patch_set.cli_args)
     finally:
         patch_set.close()

@@ -17,6 +17,7 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
     env = { OMP_NUM_THREADS = "2" }
     config_args = ["--set", "{key}={value}"]   # how a config-gated patch becomes launch arguments
     retries = 1                    # relaunches of a trial whose server dies
+    platform = "cuda"              # the hardware it is served on: triage demotes code it cannot select
 
     [[patches]]
     name = "fp8_kv_cache"
@@ -76,7 +77,7 @@ from speedtrap.isolate._spec import (
     VerdictSpec,
 )
 from speedtrap.isolate._worktree import commit_target_fields, resolve_commit_patches
-from speedtrap.spec import DEFAULT_BOUND, Bound, parse_probe, polarity
+from speedtrap.spec import DEFAULT_BOUND, Bound, Platform, parse_probe, polarity
 
 __all__ = [
     "IsolateManifest",
@@ -107,6 +108,7 @@ _TARGET_KEYS = {
     "repo",
     "base",
     "pythonpath",
+    "platform",
     *STACK_KEYS,
 }
 # kind / scope / phases are facts a patch's author may declare for triage; isolate ignores them.
@@ -188,6 +190,7 @@ def manifest_stack(data: Mapping[str, Any], path: Path | None) -> StackSpec | No
 
 def _target(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> TargetSpec:
     no_unknown(raw, _TARGET_KEYS, "target.", "target")
+    platform = Platform.parse(raw["platform"], "target.platform", ManifestError) if "platform" in raw else None
     stack = parse_stack(raw, path)
     if stack is not None:  # the entry role's launch and health stand for the target's
         if "name" in raw:
@@ -211,7 +214,9 @@ def _target(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> Tar
         for key in ("model", "health", "served_model", "config_args", "env", "start_timeout", "repo"):
             if key in raw:
                 raise ManifestError(f"target.{key} is for servers, not in-process targets", f"drop target.{key}")
-        return TargetSpec(name=name, overrides=str_table(raw.get("overrides", {}), "target.overrides"))
+        return TargetSpec(
+            name=name, overrides=str_table(raw.get("overrides", {}), "target.overrides"), platform=platform
+        )
     argv = str_list(launch, "target.launch")
     if not argv:
         raise ManifestError("target.launch is empty", 'write launch = ["program", "arg", ..., "{port}"]')
@@ -246,6 +251,7 @@ def _target(raw: Mapping[str, Any], base: Path, path: Path | None = None) -> Tar
         retries=integer(raw.get("retries", 1), "target.retries", minimum=0),
         cwd=resolve(base, cwd) if cwd else None,
         stack=stack,
+        platform=platform,
         **commit_target_fields(raw, base),
     )
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.spec import RULES as RULES
-from speedtrap.spec import Gate, GateKind, Verdict
+from speedtrap.spec import Gate, GateKind, Platform, Verdict
 
 if TYPE_CHECKING:
     from speedtrap.isolate._roles import StackSpec
@@ -102,6 +102,7 @@ class TargetSpec:
     base: str | None = None  # commit patches: the commit they apply to (resolved: a full sha)
     pythonpath: tuple[str, ...] = (".",)  # commit patches: worktree folders put first on PYTHONPATH
     stack: StackSpec | None = None  # target.roles: a multi-process stack (launch/health are its entry's)
+    platform: Platform | None = None  # target.platform: the hardware served on (triage reads it; isolate checks it)
 
     @property
     def in_process(self) -> bool:

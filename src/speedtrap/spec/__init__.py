@@ -10,6 +10,7 @@ and command reads these types instead of declaring its own.
 - ``Verdict``: the manifest's ``[verdict]`` (a threshold rule on a ``Bound``, or recall_drop).
 - ``Probe``: a union tagged on ``kind`` (divergence, recall, repeat, command), ``parse_probe``.
 - ``Gate`` / ``GateKind``: how a patch is switched on.
+- ``Platform``: the hardware a stack is served on (``--platform``, ``[target] platform``).
 - ``manifest_schema``: the JSON Schema of the manifest's parts above (schemas/manifest.schema.json).
 
 The pydantic parts (``Probe``, ``parse_probe``, ``manifest_schema``) load on first use.
@@ -33,6 +34,7 @@ from speedtrap.spec._metric import (
     polarity,
 )
 from speedtrap.spec._patch import Gate, GateKind
+from speedtrap.spec._platform import Platform
 from speedtrap.spec._verdict import RULES, Verdict
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ __all__ = [
     "Gate",
     "GateKind",
     "Metric",
+    "Platform",
     "Polarity",
     "Probe",
     "RecallProbe",

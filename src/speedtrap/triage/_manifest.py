@@ -7,6 +7,7 @@ what it needs of each patch, and the optional ``tree``::
 
     [target]
     model = "models/DeepSeek-V3"       # optional: a folder with a config.json feeds --model reachability
+    platform = "cuda"                  # optional: the hardware served on; feeds --platform reachability
 
     [[patches]]
     name = "mhc_bf16_gemm"
@@ -28,6 +29,7 @@ from typing import Any
 from speedtrap._errors import ManifestError
 from speedtrap._toml import read_manifest_toml
 from speedtrap.patching import Gate, GateKind
+from speedtrap.spec import Platform
 
 ENV, FLAG, CONFIG, UNGATED = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG, GateKind.UNGATED
 
@@ -50,6 +52,7 @@ class Manifest:
     repo: Path | None = None  # commit patches: [target] repo and its base (a full sha)
     base: str | None = None
     model: Path | None = None  # [target] model, where it is a config.json or a folder holding one
+    platform: Platform | None = None  # [target] platform
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -72,8 +75,22 @@ def load_manifest(path: Path) -> Manifest:
     if tree is not None and not isinstance(tree, str):
         raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
     return Manifest(
-        path, patches, (path.parent / tree) if tree else None, repo=repo, base=base, model=_model(data, path.parent)
+        path,
+        patches,
+        (path.parent / tree) if tree else None,
+        repo=repo,
+        base=base,
+        model=_model(data, path.parent),
+        platform=_platform(data),
     )
+
+
+def _platform(data: dict[str, Any]) -> Platform | None:
+    """``[target] platform``, checked by the one parser (a bad value names ``target.platform``)."""
+    target = data.get("target")
+    if not isinstance(target, dict) or "platform" not in target:
+        return None
+    return Platform.parse(target["platform"], "target.platform", ManifestError)
 
 
 def _model(data: dict[str, Any], base: Path) -> Path | None:

@@ -10,12 +10,14 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
+from speedtrap.spec import Platform
 from speedtrap.triage._changes import ChangedFile, lay_patch
 from speedtrap.triage._counts import count_warnings
 from speedtrap.triage._flow import Flow
 from speedtrap.triage._hotpath import HotPaths
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._paths import missing_applications, path_doubles
+from speedtrap.triage._platform import PlatformReach
 from speedtrap.triage._rank import SAME_MATH, Ranking, gate_of, rank
 from speedtrap.triage._reach import reachable
 from speedtrap.triage._signals import SCALE, PatchSignals, analyze
@@ -104,11 +106,16 @@ class TriageReport:
         }
 
 
-def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = None) -> TriageReport:
+def triage(
+    patch_set: PatchSet, symbol: str | None = None, model: str | None = None, platform: Platform | None = None
+) -> TriageReport:
     """Rank the patches of ``patch_set``; with ``symbol``, also list every site of it in the tree; with
     ``model`` (a class name, a config.json or its folder; else the one ``patch_set`` names, such as a
-    manifest's ``[target] model`` folder), rank the changes the served model can run first."""
+    manifest's ``[target] model`` folder), rank the changes the served model can run first; with
+    ``platform`` (else the one ``patch_set`` names, a manifest's ``[target] platform``), rank changes the
+    platform cannot select (under ``if _is_hip:`` on cuda) below those it can."""
     start = time.perf_counter()
+    platform = platform if platform is not None else patch_set.platform
     named_by_source = model is None and patch_set.model is not None
     model = model if model is not None else patch_set.model
     if symbol is not None and not symbol.isidentifier():
@@ -130,6 +137,9 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
     if model and index is None:
         raise UsageError("--model needs the source tree", "pass --tree (or use --range/--target, which know it)")
     reach = reachable(index, model) if model and index is not None else None
+    on_platform = PlatformReach(index, platform) if platform is not None and index is not None else None
+    if platform is not None and index is None:
+        warnings.append(f"the platform {platform} is not used for reachability: no source tree")
     base_sites: dict[str, list[Site]] = {}
     scanned = 0
 
@@ -188,10 +198,21 @@ def triage(patch_set: PatchSet, symbol: str | None = None, model: str | None = N
                     missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
+        demoted = False
         if reach is not None and files:
             runs, words = reach.verdict([f.path for f in files])
             if not runs:  # code the served model never runs: below every change it can run
                 ranking = dataclasses.replace(ranking, tier=min(3, ranking.tier + 1), reasons=(words, *ranking.reasons))
+                demoted = True
+            else:
+                ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
+            notes.append(words)
+        if on_platform is not None and files:
+            selectable, words = on_platform.verdict(files, post)
+            if selectable is False:  # code the served platform never selects: below every change it can run
+                # one tier for code never run, whether the model or the platform (or both) says so
+                tier = ranking.tier if demoted else min(3, ranking.tier + 1)
+                ranking = dataclasses.replace(ranking, tier=tier, reasons=(words, *ranking.reasons))
             else:
                 ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
             notes.append(words)

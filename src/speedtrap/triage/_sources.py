@@ -15,6 +15,7 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
+from speedtrap.spec import Platform
 from speedtrap.triage._diff import decode_diff, parse_diff
 from speedtrap.triage._manifest import load_manifest
 
@@ -54,6 +55,7 @@ class PatchSet:
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     tree_label: str | None = None  # how to name the tree when it is a temporary export (removed on close)
     model: str | None = None  # the served model the source names (a manifest's [target] model folder)
+    platform: Platform | None = None  # the hardware the source names (a manifest's [target] platform)
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -177,7 +179,9 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
         tmp = _archive(manifest.repo, manifest.base)
         tree = Path(tmp.name)
     model = str(manifest.model) if manifest.model is not None else None
-    return PatchSet(patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp, model=model)
+    return PatchSet(
+        patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp, model=model, platform=manifest.platform
+    )
 
 
 def _commit_diff(repo: Path, sha: str) -> str:
