@@ -90,3 +90,45 @@ def test_a_submodule_built_is_not_a_read_of_its_attribute(tmp_path: Path) -> Non
     p = _report(tmp_path, "nn.Linear(head_dim, head_dim)", "nn.Linear(head_dim, head_dim, bias=False)")
     hot = p.signals.best_hot_path
     assert hot is not None and hot.level == "setup" and not hot.reader
+
+
+RUNNER = """\
+class Backend:
+    def __init__(self, page_size):
+        self.page_size = page_size
+        self.init_buffers(page_size)
+
+    def init_buffers(self, page_size):
+        self.buffers = [0] * page_size
+
+    def init_forward_metadata(self, batch):
+        self.indices = [i * self.page_size for i in batch]
+
+
+class ModelRunner:
+    def __init__(self):
+        self.attn_backend = Backend(64)
+
+    def forward_decode(self, batch):
+        self.attn_backend.init_forward_metadata(batch)
+        return batch
+
+    def forward(self, batch):
+        return self.forward_decode(batch)
+"""
+
+
+def test_a_method_named_like_setup_that_forward_calls_runs_every_step(tmp_path: Path) -> None:
+    # `init_` names construction code, but the runner's forward calls this one through an attribute.
+    rel = "pkg/backend.py"
+    p = triage_one_report(tmp_path, rel, RUNNER, RUNNER.replace("i * self.page_size", "i * self.page_size + 1"))
+    hot = p.signals.best_hot_path
+    assert hot is not None and hot.level == "once per step"
+    assert "init_forward_metadata is called from ModelRunner.forward_decode" in hot.chain[0]
+
+
+def test_a_method_named_like_setup_that_only_construction_calls_stays_setup(tmp_path: Path) -> None:
+    rel = "pkg/backend.py"
+    p = triage_one_report(tmp_path, rel, RUNNER, RUNNER.replace("[0] * page_size", "[1] * page_size"))
+    hot = p.signals.best_hot_path
+    assert hot is not None and hot.level == "setup"

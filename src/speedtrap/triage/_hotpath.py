@@ -183,6 +183,13 @@ class HotPaths:
         parent = mod.parent(func)
         if isinstance(parent, ast.ClassDef):
             if _is_setup(func.name):
+                if func.name not in _SETUP_NAMES and depth == 0:
+                    # Named like setup by a prefix only (``init_forward_metadata``): for the changed function itself,
+                    # its callers decide. A method is called through an attribute (``self.backend.init_...``), so
+                    # every file naming it is read (bounded by the caller search's file limit); one level only.
+                    level, chain, conds = self._callers_of(mod.path, func.name, depth, seen, method=True)
+                    if _RANK[level] >= _RANK[PER_STEP]:
+                        return level, chain, conds
                 return SETUP, (f"{parent.name}.{func.name} runs when the module is built or loaded",), ()
             if func.name not in _forward_reachable(parent):
                 return UNKNOWN, (f"{parent.name}.{func.name} is not reached from {parent.name}.forward",), ()
@@ -193,13 +200,15 @@ class HotPaths:
         return UNKNOWN, (), ()
 
     def _callers_of(
-        self, file: str, name: str, depth: int, seen: set[tuple[str, str]]
+        self, file: str, name: str, depth: int, seen: set[tuple[str, str]], method: bool = False
     ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         if depth >= _MAX_DEPTH or (file, name) in seen:
             return UNKNOWN, (), ()
         seen = seen | {(file, name)}
         best: tuple[str, tuple[str, ...], tuple[str, ...]] = (UNKNOWN, (f"{name} has no caller in the tree",), ())
-        for site in self.units.callers(name, file):
+        for site in self.units.callers(name, None if method else file):
+            if method and not (isinstance(site.node, ast.Call) and isinstance(site.node.func, ast.Attribute)):
+                continue  # a method runs when called on an object
             caller = next(
                 (
                     a
