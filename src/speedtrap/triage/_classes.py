@@ -3,7 +3,9 @@
 - uninitialised memory: ``torch.empty``/``empty_like``/``new_empty`` where the old code used
   ``zeros``/``zeros_like``/``new_zeros``/``full`` (or a ``zero_()``/``fill_()`` removed);
 - a selection widened: a ``_supports_*``/``*_SUPPORTED`` collection or a membership tuple given more
-  members, a condition losing a conjunct or gaining a disjunct, in the same function;
+  members, a condition losing a conjunct or gaining a disjunct, in the same function; or narrowed: a
+  condition strictly narrower (an alternative dropped, a conjunct added), so the cases it no longer
+  covers take the other path;
 - CUDA-graph state: buffers allocated or re-sliced in capture/replay code, or a branch on
   ``is_in_piecewise_cuda_graph()`` / ``is_capturing`` ... removed;
 - precision under a changed condition: a low-precision dtype assigned in a block whose condition
@@ -206,8 +208,11 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
         for (o, o_line), (n, n_line) in zip(olds, tests, strict=True):
             if not (_spans(o, cf.removed) or _spans(n, cf.added)) or ast.dump(o) == ast.dump(n):
                 continue
+            if implies(n, o) and not implies(o, n):
+                out.append(_narrowed(cf, cond_key[0], o, n, o_line, n_line))
+                continue
             if not implies(o, n) or implies(n, o):
-                continue  # not strictly wider: narrowed, rewritten, or the same cases
+                continue  # not strictly wider or narrower: rewritten, or the same cases
             o_or, n_or = _conjuncts(o, ast.Or), _conjuncts(n, ast.Or)
             how = (
                 "adds an alternative to"
@@ -232,6 +237,28 @@ def widened(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
                 )
             )
     return out
+
+
+def _narrowed(cf: ChangedFile, where: str, o: ast.expr, n: ast.expr, o_line: int, n_line: int) -> Signal:
+    """A condition strictly narrower than before (the new one implies the old, not the reverse): the cases only
+    the old one covered (an alternative dropped, a conjunct added) now take the other path."""
+    o_or, n_or = _conjuncts(o, ast.Or), _conjuncts(n, ast.Or)
+    lost = [
+        v
+        for v in (o.values if isinstance(o, ast.BoolOp) and isinstance(o.op, ast.Or) else [])
+        if ast.dump(v) not in n_or
+    ]
+    dropped = lost and len(n_or) < len(o_or) and all(c in o_or for c in n_or)
+    how = f"drops the alternative `{short(lost[0], 80)}` from" if dropped else "narrows"
+    evidence = [_ev(cf, ln, "-") for ln in sorted(cf.removed) if _spans(o, frozenset({ln}))][:3]
+    evidence += [_ev(cf, ln, "+") for ln in sorted(cf.added) if _spans(n, frozenset({ln}))][:3]
+    return Signal(
+        GUARD,
+        f"{how} `{short(o, 100)}` in {where.replace('<module>', 'module level')} (now `{short(n, 100)}`): "
+        "the cases it no longer covers take the other path",
+        tuple(evidence) or (_ev(cf, o_line, "-"), _ev(cf, n_line, "+")),
+        data={"kind": "narrowed", "narrowed": True, "names": [], "function": where},
+    )
 
 
 def _names_in(test: ast.AST) -> list[str]:

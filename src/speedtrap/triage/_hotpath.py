@@ -99,8 +99,19 @@ def _forward_reachable(cls: ast.ClassDef) -> set[str]:
     return seen
 
 
-def _attributes_set(stmt: ast.stmt) -> set[str]:
-    """``self.<attr>`` names a statement binds (assignments, ``self.register_buffer("name", ...)``)."""
+def _attributes_set(stmt: ast.stmt, lines: frozenset[int] | set[int]) -> set[str]:
+    """``self.<attr>`` names a statement binds (assignments, ``self.register_buffer("name", ...)``); for an
+    ``if`` whose condition is on a changed line, what its arms bind: the condition selects those values."""
+    if isinstance(stmt, ast.If):
+        end = stmt.test.end_lineno or stmt.test.lineno
+        if not any(stmt.test.lineno <= ln <= end for ln in lines):
+            return set()  # only its body changed: those statements are read on their own
+        return {
+            a
+            for sub in ast.walk(stmt)
+            if isinstance(sub, ast.stmt) and sub is not stmt
+            for a in _attributes_set(sub, lines)
+        }
     targets: list[ast.expr] = []
     if isinstance(stmt, ast.Assign):
         targets = [t for target in stmt.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
@@ -161,7 +172,7 @@ class HotPaths:
         cls = mod.parent(func)
         if not isinstance(cls, ast.ClassDef):
             return None
-        attrs = {a for stmt in mod.statements_touching(lines) for a in _attributes_set(stmt)}
+        attrs = {a for stmt in mod.statements_touching(lines) for a in _attributes_set(stmt, lines)}
         if not attrs:
             return None
         methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
