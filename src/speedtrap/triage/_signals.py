@@ -16,6 +16,7 @@ from speedtrap.triage._chot import c_hot_path
 from speedtrap.triage._classes import GRAPH, MEMORY, class_signals, shifted_arguments
 from speedtrap.triage._collapse import Collapse, c_collapses, py_collapses, py_forced
 from speedtrap.triage._cswitch import case_moves
+from speedtrap.triage._cswitchset import switches_unset
 from speedtrap.triage._ctokens import C_FAMILY, inert_c
 from speedtrap.triage._detect import (
     GATING,
@@ -197,6 +198,13 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         moved = {"kind": "case moved", "moved": True, "label": mv.label, "before": mv.before, "after": mv.after}
         out.append(Signal(GUARD, f"{mv.summary} ({cf.path}:{mv.new_line})", lines, method="tokens", data=moved))
     out.extend(_collapse_signals(cf, c_collapses(old_text, new_text, cf.removed, cf.added), "tokens"))
+    for sw in switches_unset(old_text, new_text, cf.removed, cf.added):
+        ev = [Evidence(cf.path, sw.old_line, "-", cf.removed_text(sw.old_line))]
+        if sw.new_line is not None:
+            ev.append(Evidence(cf.path, sw.new_line, "+", cf.added_text(sw.new_line)))
+        ev.append(Evidence(cf.path, sw.reader_line, " ", sw.reader))
+        unset = {"kind": "switch unset", "collapsed": True, "condition": sw.reader, "target": sw.target}
+        out.append(Signal(GUARD, f"{sw.summary} ({cf.path}:{sw.old_line})", tuple(ev), method="tokens", data=unset))
     for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
         ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
         if pc.new_line is not None:
