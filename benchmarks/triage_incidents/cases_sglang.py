@@ -315,7 +315,6 @@ CASES: list[Case] = [
         "the page size passed positionally again at the three calls of the KV-index Triton kernel, where it binds to "
         "NUM_PAGE_PER_BLOCK and PAGED_SIZE keeps its default of 64 (the diff between the 0.4.10 and 0.5.1 wheels is "
         "exactly these three lines)",
-        held_out="eighth set",
     ),
     Case(
         "sglang-19247",
@@ -339,6 +338,5 @@ CASES: list[Case] = [
         "the 128-head arm dropped from the condition that falls back from the persistent MLA decode kernel for a "
         "non-FP8 KV cache, so 128 heads select the persistent kernel again (the fix added `num_head == 128`; 0.5.23 "
         "reads the padded head count and has a zero-pad arm added since, both kept; the comments are left as they are)",
-        held_out="eighth set",
     ),
 ]

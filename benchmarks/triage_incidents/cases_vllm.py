@@ -278,7 +278,6 @@ CASES: list[Case] = [
         "(a shared, cached object: halved once per layer) instead of partial_rotary_factor before it (the pre-fix "
         "form as #16904 quotes it; the fix also dropped the SupportsV0Only marker, not put back here: this release "
         "has no V0 engine to fall back to)",
-        held_out="eighth set",
     ),
     Case(
         "vllm-43770",
@@ -302,6 +301,5 @@ CASES: list[Case] = [
         "falls back to the whole head and partial_rotary_factor is overwritten with 1 (the PR quotes the pre-fix "
         "logic as `rotary_dim = getattr(config, 'rotary_dim', self.head_dim)`; the release's second "
         "`if rotary_dim is None` fallback is kept, which reads the same)",
-        held_out="eighth set",
     ),
 ]
