@@ -14,15 +14,27 @@ def triage_one_file(tmp_path: Path, rel: str, before: str, after: str) -> tuple[
     return p.tier, p.ranking.reasons
 
 
-def triage_one_report(tmp_path: Path, rel: str, before: str, after: str) -> PatchReport:
-    """The whole report of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before``."""
+def triage_one_report(
+    tmp_path: Path, rel: str, before: str, after: str, others: dict[str, str] | None = None
+) -> PatchReport:
+    """The whole report of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before`` (and the
+    unchanged files ``others``, by path)."""
     assert after != before
-    (tmp_path / "tree" / rel).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "tree" / rel).write_text(before)
+    for path, text in {**(others or {}), rel: before}.items():
+        (tmp_path / "tree" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / path).write_text(text)
     diff = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
     (tmp_path / "p.diff").write_text(diff)
     [p] = triage(from_diff_files([tmp_path / "p.diff"], tmp_path / "tree")).patches
     return p
+
+
+def triage_edit(
+    tmp_path: Path, rel: str, text: str, old: str, new: str, others: dict[str, str] | None = None
+) -> PatchReport:
+    """The report of ``text`` (the file ``rel``) with its one occurrence of ``old`` replaced by ``new``."""
+    assert text.count(old) == 1
+    return triage_one_report(tmp_path, rel, text, text.replace(old, new), others)
 
 
 def changed_lines(old: str, new: str) -> tuple[frozenset[int], frozenset[int]]:

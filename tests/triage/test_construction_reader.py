@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _triage_one import triage_one_report
+from _triage_one import triage_edit, triage_one_report
+
+from speedtrap.triage import PatchReport
 
 MODEL = """\
 import torch
@@ -57,9 +59,8 @@ class Model(nn.Module):
 REL = "pkg/models/attn.py"
 
 
-def _report(tmp_path: Path, old: str, new: str):  # type: ignore[no-untyped-def]
-    assert MODEL.count(old) == 1
-    return triage_one_report(tmp_path, REL, MODEL, MODEL.replace(old, new))
+def _report(tmp_path: Path, old: str, new: str) -> PatchReport:
+    return triage_edit(tmp_path, REL, MODEL, old, new)
 
 
 def test_a_scale_folded_in_the_constructor_is_read_on_every_layer(tmp_path: Path) -> None:

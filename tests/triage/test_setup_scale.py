@@ -6,10 +6,11 @@ vLLM 0.33.0's ``bailing_moe.py`` attention (its rotary dimension from ``partial_
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
-from speedtrap.triage import PatchReport, from_diff_files, triage
+from _triage_one import triage_edit
+
+from speedtrap.triage import PatchReport
 
 ROPE = """\
 def get_rope(head_size, max_position, rope_parameters=None):
@@ -94,19 +95,8 @@ PARTIAL = (
 
 
 def _triage(tmp_path: Path, old: str, new: str) -> PatchReport:
-    tree = tmp_path / "tree"
-    (tree / "pkg").mkdir(parents=True)
-    (tree / "pkg" / "__init__.py").write_text("")
-    (tree / "pkg" / "rotary.py").write_text(ROPE)
-    (tree / "pkg" / "bailing.py").write_text(ATTN)
-    after = ATTN.replace(old, new)
-    assert after != ATTN
-    diff = "".join(
-        difflib.unified_diff(ATTN.splitlines(True), after.splitlines(True), "a/pkg/bailing.py", "b/pkg/bailing.py")
-    )
-    (tmp_path / "p.diff").write_text(diff)
-    [p] = triage(from_diff_files([tmp_path / "p.diff"], tree)).patches
-    return p
+    others = {"pkg/__init__.py": "", "pkg/rotary.py": ROPE}
+    return triage_edit(tmp_path, "pkg/bailing.py", ATTN, old, new, others)
 
 
 def test_a_scale_removed_in_construction_code_is_read_on_every_step(tmp_path: Path) -> None:

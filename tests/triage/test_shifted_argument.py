@@ -7,10 +7,11 @@ that launches it, the shape of sglang#8685 reversed.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
-from speedtrap.triage import PatchReport, from_diff_files, triage
+from _triage_one import triage_edit
+
+from speedtrap.triage import PatchReport
 
 KERNEL = """\
 import triton
@@ -65,19 +66,8 @@ class CutlassMLABackend:
 
 
 def _triage(tmp_path: Path, kernel: str, old: str, new: str) -> PatchReport:
-    tree = tmp_path / "tree"
-    (tree / "pkg").mkdir(parents=True)
-    (tree / "pkg" / "__init__.py").write_text("")
-    (tree / "pkg" / "utils.py").write_text(kernel)
-    (tree / "pkg" / "backend.py").write_text(BACKEND)
-    after = BACKEND.replace(old, new)
-    assert after != BACKEND
-    diff = "".join(
-        difflib.unified_diff(BACKEND.splitlines(True), after.splitlines(True), "a/pkg/backend.py", "b/pkg/backend.py")
-    )
-    (tmp_path / "p.diff").write_text(diff)
-    [p] = triage(from_diff_files([tmp_path / "p.diff"], tree)).patches
-    return p
+    others = {"pkg/__init__.py": "", "pkg/utils.py": kernel}
+    return triage_edit(tmp_path, "pkg/backend.py", BACKEND, old, new, others)
 
 
 def test_a_keyword_turned_positional_lands_in_an_inserted_parameter(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _triage_one import triage_one_report
+from _triage_one import triage_edit
+
+from speedtrap.triage import PatchReport
 
 CPP = """\
 struct hparams_t { bool rope_finetuned = false; bool use_bias = false; float f_logit_scale = 1.0f; };
@@ -39,9 +41,8 @@ void build_graph(const hparams_t & hparams, int n_layer) {
 REL = "src/model.cpp"
 
 
-def _report(tmp_path: Path, old: str, new: str):  # type: ignore[no-untyped-def]
-    assert CPP.count(old) == 1
-    return triage_one_report(tmp_path, REL, CPP, CPP.replace(old, new))
+def _report(tmp_path: Path, old: str, new: str) -> PatchReport:
+    return triage_edit(tmp_path, REL, CPP, old, new)
 
 
 def test_a_switch_no_longer_set_names_the_test_that_reads_it(tmp_path: Path) -> None:

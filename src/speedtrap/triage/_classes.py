@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 from speedtrap.triage._bufferfloat import buffer_to_float
 from speedtrap.triage._changes import ChangedFile
@@ -406,35 +407,40 @@ def _calls_in(mod: Module, funcs: set[str]) -> dict[tuple[str, str], list[ast.Ca
     return out
 
 
+def _calls_that_stay(cf: ChangedFile, old: Module, new: Module) -> Iterator[tuple[tuple[str, str], ast.Call, ast.Call]]:
+    """Each call on a removed line of a changed function with its counterpart in the new version (same function,
+    same callee, same count of such calls there): (function and callee, old call, new call)."""
+    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
+    before, after = _calls_in(old, funcs), _calls_in(new, funcs)
+    for key, olds in before.items():
+        news = after.get(key, [])
+        if len(news) == len(olds):
+            yield from ((key, o, n) for o, n in zip(olds, news, strict=True) if _spans(o, cf.removed))
+
+
 def dropped_arguments(cf: ChangedFile, old: Module, new: Module) -> list[Signal]:
     """A keyword argument deleted from a call that stays (same function, same callee, the positional
     arguments not grown to take it): the callee now computes with its default for that parameter."""
-    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
-    before, after = _calls_in(old, funcs), _calls_in(new, funcs)
     out: list[Signal] = []
-    for key, olds in before.items():
-        news = after.get(key, [])
-        if len(news) != len(olds):
+    for key, o, n in _calls_that_stay(cf, old, new):
+        if len(n.args) > len(o.args):
             continue
-        for o, n in zip(olds, news, strict=True):
-            if not _spans(o, cf.removed) or len(n.args) > len(o.args):
+        if any(k.arg is None for k in n.keywords):
+            continue  # a **mapping may pass it now
+        kept = {k.arg for k in n.keywords}
+        for kw in o.keywords:
+            if kw.arg is None or kw.arg in kept or not _spans(kw, cf.removed):
                 continue
-            if any(k.arg is None for k in n.keywords):
-                continue  # a **mapping may pass it now
-            kept = {k.arg for k in n.keywords}
-            for kw in o.keywords:
-                if kw.arg is None or kw.arg in kept or not _spans(kw, cf.removed):
-                    continue
-                out.append(
-                    Signal(
-                        GUARD,
-                        f"drops `{kw.arg}={short(kw.value, 60)}` from the call `{key[1]}(...)` in "
-                        f"{key[0].replace('<module>', 'module level')}: the callee now uses its default for "
-                        f"`{kw.arg}`",
-                        (_ev(cf, kw.lineno, "-"),),
-                        data={"kind": "argument dropped", "argument": True, "names": [kw.arg]},
-                    )
+            out.append(
+                Signal(
+                    GUARD,
+                    f"drops `{kw.arg}={short(kw.value, 60)}` from the call `{key[1]}(...)` in "
+                    f"{key[0].replace('<module>', 'module level')}: the callee now uses its default for "
+                    f"`{kw.arg}`",
+                    (_ev(cf, kw.lineno, "-"),),
+                    data={"kind": "argument dropped", "argument": True, "names": [kw.arg]},
                 )
+            )
     return out
 
 
@@ -453,38 +459,32 @@ def shifted_arguments(cf: ChangedFile, old: Module, new: Module, resolver: Resol
     """A keyword argument turned positional at a call that stays (same function, same callee): bound against the
     callee's signature, the new positional argument lands in another parameter (one inserted before the keyword's,
     say), and the keyword's parameter takes its default."""
-    funcs = {old.qualname(n) for n in old.statements_touching(cf.removed)}
-    before, after = _calls_in(old, funcs), _calls_in(new, funcs)
     out: list[Signal] = []
-    for key, olds in before.items():
-        news = after.get(key, [])
-        if len(news) != len(olds):
+    for key, o, n in _calls_that_stay(cf, old, new):
+        if len(n.args) <= len(o.args):
             continue
-        for o, n in zip(olds, news, strict=True):
-            if not _spans(o, cf.removed) or len(n.args) <= len(o.args):
+        if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
+            continue
+        kept = {k.arg for k in n.keywords}
+        dropped = [k for k in o.keywords if k.arg is not None and k.arg not in kept and _spans(k, cf.removed)]
+        params = _parameters(resolver, new, n) if dropped else None
+        if not params:
+            continue
+        bound = {j: params[j] for j in range(len(o.args), len(n.args)) if j < len(params)}
+        for kw in dropped:
+            if kw.arg not in params or kw.arg in bound.values() or not bound:
                 continue
-            if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
-                continue
-            kept = {k.arg for k in n.keywords}
-            dropped = [k for k in o.keywords if k.arg is not None and k.arg not in kept and _spans(k, cf.removed)]
-            params = _parameters(resolver, new, n) if dropped else None
-            if not params:
-                continue
-            bound = {j: params[j] for j in range(len(o.args), len(n.args)) if j < len(params)}
-            for kw in dropped:
-                if kw.arg not in params or kw.arg in bound.values() or not bound:
-                    continue
-                j, name = next(iter(bound.items()))
-                out.append(
-                    Signal(
-                        GUARD,
-                        f"passes `{short(n.args[j], 60)}` positionally to `{key[1]}(...)` in "
-                        f"{key[0].replace('<module>', 'module level')} instead of `{kw.arg}=`: bound against the "
-                        f"callee's signature it lands in `{name}` (argument {j + 1}), and `{kw.arg}` takes its default",
-                        (_ev(cf, kw.lineno, "-"), _ev(cf, n.args[j].lineno, "+")),
-                        data={"kind": "argument shifted", "argument": True, "names": [kw.arg, name]},
-                    )
+            j, name = next(iter(bound.items()))
+            out.append(
+                Signal(
+                    GUARD,
+                    f"passes `{short(n.args[j], 60)}` positionally to `{key[1]}(...)` in "
+                    f"{key[0].replace('<module>', 'module level')} instead of `{kw.arg}=`: bound against the "
+                    f"callee's signature it lands in `{name}` (argument {j + 1}), and `{kw.arg}` takes its default",
+                    (_ev(cf, kw.lineno, "-"), _ev(cf, n.args[j].lineno, "+")),
+                    data={"kind": "argument shifted", "argument": True, "names": [kw.arg, name]},
                 )
+            )
     return out
 
 
