@@ -100,35 +100,37 @@ def _forward_reachable(cls: ast.ClassDef) -> set[str]:
 
 
 def _attributes_set(stmt: ast.stmt, lines: frozenset[int] | set[int]) -> set[str]:
-    """``self.<attr>`` names a statement binds (assignments, ``self.register_buffer("name", ...)``); for an
-    ``if`` whose condition is on a changed line, what its arms bind: the condition selects those values."""
-    if isinstance(stmt, ast.If):
-        end = stmt.test.end_lineno or stmt.test.lineno
-        if not any(stmt.test.lineno <= ln <= end for ln in lines):
-            return set()  # only its body changed: those statements are read on their own
-        return {
-            a
-            for sub in ast.walk(stmt)
-            if isinstance(sub, ast.stmt) and sub is not stmt
-            for a in _attributes_set(sub, lines)
-        }
+    """``self.<attr>`` names a statement binds; for an ``if`` whose condition is on a changed line, what every
+    statement in its arms binds: the condition selects those values."""
+    if not isinstance(stmt, ast.If):
+        return _bound_here(stmt)
+    end = stmt.test.end_lineno or stmt.test.lineno
+    if not any(stmt.test.lineno <= ln <= end for ln in lines):
+        return set()  # only its body changed: those statements are read on their own
+    return {a for sub in ast.walk(stmt) if isinstance(sub, ast.stmt) for a in _bound_here(sub)}
+
+
+def _bound_here(stmt: ast.stmt) -> set[str]:
+    """``self.<attr>`` names one statement binds (assignments, ``self.register_buffer("name", ...)``)."""
     targets: list[ast.expr] = []
     if isinstance(stmt, ast.Assign):
         targets = [t for target in stmt.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
     elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
         targets = [stmt.target]
     found = {t.attr for t in targets if isinstance(t, ast.Attribute) and _is_self(t.value)}
-    for node in ast.walk(stmt):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("register_buffer", "register_parameter")
-            and _is_self(node.func.value)
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            found.add(node.args[0].value)
+    if (
+        isinstance(stmt, ast.Expr)
+        and isinstance(call := stmt.value, ast.Call)
+        and (
+            isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("register_buffer", "register_parameter")
+            and _is_self(call.func.value)
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, str)
+        )
+    ):
+        found.add(call.args[0].value)
     return found
 
 

@@ -331,25 +331,21 @@ def line_block(cond: Conditions, rel: str, line: int, platform: Platform, classe
         if depth == 1 and isinstance(node, ast.ClassDef) and node.name in classes:
             return Block(f"in class {node.name}, {classes[node.name]} ({rel}:{node.lineno})", (rel, node.lineno))
         if isinstance(node, ast.If):
-            if _within(node.body, line):
-                if cond.truth(node.test, platform, local) is False and cond.reads_platform(node.test, local):
-                    words = (
-                        f"under {_header(node, mod)} ({rel}:{node.lineno}), false on {platform}"
-                        f"{_why(cond, node.test, rel)}"
-                    )
-                    return Block(words, (rel, node.lineno))
-                body = node.body
-                continue
-            if _within(node.orelse, line):
-                if cond.truth(node.test, platform, local) is True and cond.reads_platform(node.test, local):
-                    words = (
-                        f"after {_header(node, mod)} ({rel}:{node.lineno}), which is always taken on "
-                        f"platform {platform}{_why(cond, node.test, rel)}"
-                    )
-                    return Block(words, (rel, node.lineno))
-                body = node.orelse
-                continue
-            return None  # the test itself: evaluated wherever the block runs
+            # The body is not selectable when the test is false on the platform; the elif/else when it is true.
+            arms = ((node.body, False), (node.orelse, True))
+            arm = next(((b, blocked_when) for b, blocked_when in arms if _within(b, line)), None)
+            if arm is None:
+                return None  # the test itself: evaluated wherever the block runs
+            body, blocked_when = arm
+            if cond.truth(node.test, platform, local) is blocked_when and cond.reads_platform(node.test, local):
+                head = f"{_header(node, mod)} ({rel}:{node.lineno})"
+                where = (
+                    f"after {head}, which is always taken on platform {platform}"
+                    if blocked_when
+                    else f"under {head}, false on {platform}"
+                )
+                return Block(f"{where}{_why(cond, node.test, rel)}", (rel, node.lineno))
+            continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             local = local | _local_names(node)
         inner = [

@@ -33,7 +33,8 @@ SAME_MATH = "same math: every changed file is proven inert"
 FORWARD = "changes computation on the forward path; no known risky pattern matched"
 OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
 _OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
-_LOOSENED = ("widened", "narrowed", "moved", "collapsed")  # selections changed: the guarded path still runs
+_SELECTIONS = ("widened", "narrowed", "collapsed")  # a condition's cases changed
+_LOOSENED = (*_SELECTIONS, "moved")  # guard signals whose guarded path still runs, under another selection
 _DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed", EARLY_RETURN_REMOVED}
 
 
@@ -119,8 +120,8 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     if best is None and declared.get("scope"):
         level = EVERY_LAYER if "every layer" in str(declared["scope"]) else SOME_LAYERS
     exposure = _EXPOSURE[level]
-    collapsed = any(s.data.get(k) for s in sig.of(GUARD) for k in ("collapsed", "narrowed", "widened"))
-    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or collapsed or scale):
+    selection = any(s.data.get(k) for s in sig.of(GUARD) for k in _SELECTIONS)
+    if level == SETUP and (sig.of(MEMORY) or sig.of(GRAPH) or sig.of(PRECISION) or selection or scale):
         # a buffer allocated, a dtype chosen, a switch forced or a scale computed at construction (a rotary
         # dimension, a softmax scale: stored in what it builds) is read on every step
         exposure = 1

@@ -199,20 +199,23 @@ def _c_argument_signals(cf: ChangedFile, old_text: str, new_text: str) -> list[S
         out.append(Signal(GUARD, f"{mv.summary} ({cf.path}:{mv.new_line})", lines, method="tokens", data=moved))
     out.extend(_collapse_signals(cf, c_collapses(old_text, new_text, cf.removed, cf.added), "tokens"))
     for sw in switches_unset(old_text, new_text, cf.removed, cf.added):
-        ev = [Evidence(cf.path, sw.old_line, "-", cf.removed_text(sw.old_line))]
-        if sw.new_line is not None:
-            ev.append(Evidence(cf.path, sw.new_line, "+", cf.added_text(sw.new_line)))
-        ev.append(Evidence(cf.path, sw.reader_line, " ", sw.reader))
+        ev = [*_old_and_new(cf, sw.old_line, sw.new_line), Evidence(cf.path, sw.reader_line, " ", sw.reader)]
         unset = {"kind": "switch unset", "collapsed": True, "condition": sw.reader, "target": sw.target}
         out.append(Signal(GUARD, f"{sw.summary} ({cf.path}:{sw.old_line})", tuple(ev), method="tokens", data=unset))
     for pc in precision_changes(old_text, new_text, cf.removed, cf.added):
-        ev = [Evidence(cf.path, pc.old_line, "-", cf.removed_text(pc.old_line))]
-        if pc.new_line is not None:
-            ev.append(Evidence(cf.path, pc.new_line, "+", cf.added_text(pc.new_line)))
+        ev = _old_and_new(cf, pc.old_line, pc.new_line)
         where = f"{cf.path}:{pc.new_line or pc.old_line}"
         kind = {"kind": "precision request", "conditions": list(pc.conditions)}
         out.append(Signal(PRECISION, f"{pc.summary} ({where})", tuple(ev), method="tokens", data=kind))
     return out
+
+
+def _old_and_new(cf: ChangedFile, old_line: int, new_line: int | None) -> list[Evidence]:
+    """The removed line and, when there is one, the line that replaced it."""
+    ev = [Evidence(cf.path, old_line, "-", cf.removed_text(old_line))]
+    if new_line is not None:
+        ev.append(Evidence(cf.path, new_line, "+", cf.added_text(new_line)))
+    return ev
 
 
 def _collapse_signals(cf: ChangedFile, found: list[Collapse], method: str) -> list[Signal]:
