@@ -21,7 +21,8 @@ from speedtrap._errors import ManifestError, UsageError
 from speedtrap.cli import app
 from speedtrap.spec import Platform
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._platform import Conditions, line_block
+from speedtrap.triage._platcond import Conditions
+from speedtrap.triage._platform import line_block
 from speedtrap.triage._pyast import parse_module
 
 # -- SGLang's shape: module-level aliases of utils' predicates, a custom op dispatching on them ---------
