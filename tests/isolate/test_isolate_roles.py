@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap.isolate import Status, isolate, load_isolate_manifest
 from speedtrap.isolate._oracle import ServerOracle
-from speedtrap.isolate._roles import _placeholders
+from speedtrap.stack._roles import _placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SERVER = Path(__file__).with_name("tiny_server.py")

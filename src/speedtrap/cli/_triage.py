@@ -189,7 +189,8 @@ def inspect_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Which patch gates are on in a running server (its argv and environment; secrets redacted)."""
-    from speedtrap.triage import from_manifest, inspect_process, target_patch_inputs
+    from speedtrap.stack import inspect_process
+    from speedtrap.triage import from_manifest, target_patch_inputs
 
     if manifest is not None and target is not None:
         raise UsageError("choose --manifest or --target, not both", "pass one of them")
@@ -233,7 +234,7 @@ def inspect_cmd(
 
 
 def _inspect_stack(manifest: Path, as_json: bool) -> None:
-    from speedtrap.triage import inspect_stack
+    from speedtrap.stack import inspect_stack
 
     report = inspect_stack(manifest)
     if as_json:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
-from speedtrap.triage import redact_argv, redact_env
+from speedtrap._redact import redact_argv, redact_env
 
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -106,7 +106,7 @@ def test_pid_that_is_not_readable(server: subprocess.Popen[bytes]) -> None:
     if python is None:
         pytest.skip("no system python3.11 that user nobody can run")
     code = (
-        "import sys\nfrom speedtrap._errors import SpeedtrapError\nfrom speedtrap.triage import read_process\n"
+        "import sys\nfrom speedtrap._errors import SpeedtrapError\nfrom speedtrap.stack import read_process\n"
         f"try:\n    read_process({server.pid})\nexcept SpeedtrapError as e:\n    print(e.one_line()); sys.exit(2)\n"
     )
     try:
@@ -199,7 +199,7 @@ def test_redaction_rules() -> None:
     ],
 )
 def test_secret_name_rule(name: str, secret: bool) -> None:
-    from speedtrap.triage import secret_name
+    from speedtrap._redact import secret_name
 
     assert secret_name(name) is secret
 
@@ -266,7 +266,7 @@ def test_a_vllm_plugin_is_not_loaded_in_a_process_that_is_not_vllm(tmp_path: Pat
 
 
 def test_a_process_runs_vllm_by_its_module_its_script_or_its_mapped_files() -> None:
-    from speedtrap.triage._plugins import runs_vllm
+    from speedtrap.stack._plugins import runs_vllm
 
     assert runs_vllm(["python", "-m", "vllm.entrypoints.openai.api_server"], None)
     assert runs_vllm(["/v/bin/vllm", "serve", "m"], None)
@@ -298,7 +298,7 @@ def test_inspect_names_the_vllm_plugins_the_process_loads(plugin_host: subproces
 
 
 def test_vllm_plugins_selection_follows_vllm() -> None:
-    from speedtrap.triage._plugins import process_plugins, selected, site_dirs
+    from speedtrap.stack._plugins import process_plugins, selected, site_dirs
 
     assert selected({}) is None and selected({"VLLM_PLUGINS": "a,b"}) == ["a", "b"]
     assert selected({"VLLM_PLUGINS": ""}) == [""]  # set but empty: vLLM loads none
@@ -310,7 +310,7 @@ def test_vllm_plugins_selection_follows_vllm() -> None:
 @given(st.text(max_size=400))
 @settings(max_examples=200, deadline=None)
 def test_any_maps_text_reads_as_site_folders_or_nothing(maps: str) -> None:
-    from speedtrap.triage._plugins import site_dirs
+    from speedtrap.stack._plugins import site_dirs
 
     assert all(d.name in ("site-packages", "dist-packages") for d in site_dirs(maps))
 

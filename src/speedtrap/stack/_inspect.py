@@ -7,16 +7,28 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from speedtrap._errors import UsageError
 from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
-from speedtrap.patching import Gate
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG
-from speedtrap.triage._plugins import PluginEntry, process_plugins
-from speedtrap.triage._sources import PatchInput
+from speedtrap.spec import Gate, GateKind
+from speedtrap.stack._plugins import PluginEntry, process_plugins
+
+ENV, FLAG, CONFIG = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG
+
+
+class Switched(Protocol):
+    """A patch as inspect needs it: its name and how it is switched on (None: nobody said)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gate(self) -> Gate | None: ...
+
 
 _SWITCH_PREFIXES = (
     "SGLANG_",
@@ -228,7 +240,7 @@ def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], loca
     return GateState(name, gate, "ungated", "compiled in: on whenever the build contains it")
 
 
-def inspect_process(pid: int, patches: list[PatchInput], ssh_host: str | None = None) -> InspectReport:
+def inspect_process(pid: int, patches: Sequence[Switched], ssh_host: str | None = None) -> InspectReport:
     argv, env = read_process(pid, ssh_host)
     maps = None if ssh_host else _read_local(pid, "maps").decode("utf-8", "replace")
     gates = [gate_state(p.name, p.gate, argv, env, ssh_host is None) for p in patches if p.gate is not None]

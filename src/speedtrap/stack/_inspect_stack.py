@@ -16,7 +16,9 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap._redact import redact_env
-from speedtrap.triage._inspect import GateState, gate_state
+from speedtrap.stack._inspect import GateState, gate_state
+from speedtrap.stack._manifest import load_stack_manifest
+from speedtrap.stack._running import read_records
 
 
 @dataclass(frozen=True)
@@ -127,10 +129,8 @@ def _state(pid: int, launch_keys: set[str]) -> tuple[ProcessState, dict[str, str
 
 def inspect_stack(manifest_path: Path) -> StackReport:
     """The live stack of ``manifest_path`` (the one speedtrap launched from it), role by role."""
-    from speedtrap.isolate import load_isolate_manifest, read_records
-
-    manifest = load_isolate_manifest(manifest_path)
-    stack = manifest.target.stack
+    target, patches = load_stack_manifest(manifest_path)
+    stack = target.stack
     if stack is None:
         raise UsageError(
             f"{manifest_path} has no target.roles: a single server", "pass its pid: speedtrap inspect --pid PID"
@@ -159,7 +159,7 @@ def inspect_stack(manifest_path: Path) -> StackReport:
             for pid in _descendants(leader_pid):
                 report.processes.append(_state(pid, launch_keys)[0])
         argv = list(row.get("argv", []))
-        applies = [p for p in manifest.patches if name in (p.roles or stack.model_roles)]
+        applies = [p for p in patches if name in (p.roles or stack.model_roles)]
         if report.leader is not None and report.leader.env_readable and leader_env is not None:
             env, report.gates_from = leader_env, f"the leader's environment (pid {report.leader.pid})"
         else:
