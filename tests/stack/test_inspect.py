@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from speedtrap.cli import app
 from speedtrap._redact import redact_argv, redact_env
+from speedtrap.cli import app
 
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -33,6 +33,7 @@ def server() -> Iterator[subprocess.Popen[bytes]]:
         "SPEEDTRAP_SMOLMOE_LM_HEAD_BF16": "0",
         "HF_TOKEN": SECRET,
         "SGLANG_ENABLE_SOMETHING": "1",
+        "PYTHONPATH": "/tmp/speedtrap-worktree-0001",
     }
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", "--chunked-prefill-size", "256", "--api-key", "s3cr3t"],
@@ -53,12 +54,15 @@ def test_inspect_names_exactly_the_two_patches_and_redacts(server: subprocess.Po
     states = {g["patch"]: g["state"] for g in data["gates"]}
     assert states["lm_head_bf16"] == "off" and states["hash_topk_routed_scaling"] == "unknown"
     assert data["env"]["HF_TOKEN"] == "<redacted>" and "HF_TOKEN" in data["redacted"]
-    assert data["other_switches"] == {"SGLANG_ENABLE_SOMETHING": "1"}
+    assert data["other_switches"] == {"SGLANG_ENABLE_SOMETHING": "1", "PYTHONPATH": "/tmp/speedtrap-worktree-0001"}
     assert SECRET not in result.output and "s3cr3t" not in result.output
     assert data["argv"][-2:] == ["--api-key", "<redacted>"]
     human = CliRunner().invoke(app, ["inspect", "--pid", str(server.pid)])
     assert human.exit_code == 0 and "patches on: mhc_bf16_gemm, fp8_kv_cache" in human.output
     assert SECRET not in human.output
+    # The text shows what --json shows of the launch: its flags (secrets hidden) and the worktree on PYTHONPATH.
+    assert "--chunked-prefill-size 256 --api-key <redacted>" in human.output
+    assert "PYTHONPATH=/tmp/speedtrap-worktree-0001" in human.output
 
 
 def test_inspect_with_a_manifest_reads_flags_too(server: subprocess.Popen[bytes], tmp_path: Path) -> None:

@@ -219,6 +219,7 @@ def inspect_cmd(
     for g in report.gates:
         table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
     out_console.print(table)
+    _print_launch(report.argv, {})  # PYTHONPATH and the engine switches: "other switch-like variables" below
     out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False, markup=False)
     for p in report.plugins:
         line = f"plugin {p.name} ({p.group}: {p.target}, {p.distribution}): {p.state}"
@@ -231,6 +232,14 @@ def inspect_cmd(
         )
     if report.redacted:
         out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False, markup=False)
+
+
+def _print_launch(argv: list[str], variables: dict[str, str]) -> None:
+    """The launch line and the variables that change what runs (secrets already redacted)."""
+    if argv:
+        out_console.print("launch: " + " ".join(argv), highlight=False, markup=False, soft_wrap=True)
+    for key, value in sorted(variables.items()):
+        out_console.print(f"  {key}={value}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _inspect_stack(manifest: Path, as_json: bool) -> None:
@@ -247,6 +256,7 @@ def _inspect_stack(manifest: Path, as_json: bool) -> None:
         for g in role.gates:
             table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
         out_console.print(table)
+        _print_launch(role.argv, role.switches)
         for p in role.unreadable:
             line = f"  pid {p.pid} ({p.name}): environment unreadable: {p.evidence}"
             out_console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import os
@@ -30,7 +29,6 @@ from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._manifest import ProbeSpec
 from speedtrap.isolate._results import Config
-from speedtrap.spec import WORST_STATS, metric
 from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, TargetSpec, render
 
 if TYPE_CHECKING:
@@ -70,17 +68,6 @@ class FunctionOracle:
 # Figures from the probe package's reports.
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a JSON document as ``a.b.c`` -> value (lists are skipped: per-cell detail)."""
-    out: dict[str, float] = {}
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-    elif isinstance(obj, (bool, int, float)):
-        out[prefix[:-1]] = float(obj)
-    return out
-
-
 def report_figures(kind: str, report: Any) -> dict[str, float]:
     """The figures a rule can read: recall's overall counts and interval, divergence's per-phase overall."""
     if kind == "recall":
@@ -90,16 +77,7 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
         figures = {"accuracy": float(overall.accuracy), "low": float(overall.low), "high": float(overall.high), "n": n}
         figures["correct"] = float(correct) if correct is not None else round(float(overall.accuracy) * n)
         return figures
-    out: dict[str, float] = {}
-    for phase, stats in report.phases.items():
-        data = stats.overall.to_json() if hasattr(stats.overall, "to_json") else dataclasses.asdict(stats.overall)
-        for key, value in flatten(data).items():
-            out[f"{phase}.{key}"] = value
-    for key in WORST_STATS:  # the worse phase, the way the metric registry says is worse
-        values = [v for k, v in out.items() if k.endswith(f".{key}")]
-        if values:
-            out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
-    return out
+    return dict(report.figures())  # divergence: per phase, and the worse phase (DivergenceReport.figures)
 
 
 def _write_report(request: TrialRequest, report: Mapping[str, Any]) -> str | None:
@@ -407,4 +385,6 @@ def run_command_probe(spec: ProbeSpec, base_url: str, request: TrialRequest) -> 
         data = None
     if not isinstance(data, dict):
         raise ProbeError("the probe command's last output line is not a JSON object", 'print e.g. {"metric": 0.1}')
-    return flatten(data)
+    from speedtrap.probe import flatten_figures
+
+    return flatten_figures(data)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
-from speedtrap._redact import redact_env
-from speedtrap.stack._inspect import GateState, gate_state
+from speedtrap._redact import redact_argv, redact_env
+from speedtrap.stack._inspect import GateState, gate_state, switch_like
 from speedtrap.stack._manifest import load_stack_manifest
 from speedtrap.stack._running import read_records
 
@@ -42,6 +42,8 @@ class RoleReport:
     processes: list[ProcessState] = field(default_factory=list)  # the leader first, then its descendants
     gates: list[GateState] = field(default_factory=list)
     gates_from: str = ""
+    argv: list[str] = field(default_factory=list)  # as launched, secrets redacted
+    switches: dict[str, str] = field(default_factory=dict)  # switch-like variables and PYTHONPATH (redacted)
 
     @property
     def patches_on(self) -> list[str]:
@@ -63,6 +65,8 @@ class RoleReport:
             "patches_on": self.patches_on,
             "gates_from": self.gates_from,
             "gates": [g.to_json() for g in self.gates],
+            "argv": self.argv,
+            "switches": self.switches,
         }
 
 
@@ -164,6 +168,8 @@ def inspect_stack(manifest_path: Path) -> StackReport:
             env, report.gates_from = leader_env, f"the leader's environment (pid {report.leader.pid})"
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
-        report.gates = [gate_state(p.name, p.gate, argv, redact_env(env)[0], True) for p in applies]
+        shown = redact_env(env)[0]
+        report.gates = [gate_state(p.name, p.gate, argv, shown, True) for p in applies]
+        report.argv, report.switches = redact_argv(argv), switch_like(shown)
         roles.append(report)
     return StackReport(str(record.get("manifest", "")), int(record.get("launcher", 0)), roles)
