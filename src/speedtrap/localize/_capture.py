@@ -151,10 +151,8 @@ def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
         raise ValueError(f"format version {header.get('version')!r}, expected {FORMAT_VERSION}")
     source = _source(header["source"])
     modules = []
-    entries = header["modules"]
-    if not isinstance(entries, list):
-        raise TypeError("modules must be a list")
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(_list(header["modules"], "modules")):
+        entry = _obj(entry, f"modules[{i}]")
         rows = {k: tensors[f"m{i}.{k}"] for k in ROW_FIELDS}
         count = rows["pos"].shape[0] if rows["pos"].dim() == 1 else -1
         for k, t in rows.items():
@@ -173,21 +171,22 @@ def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
         source=source,
         role=str(header["role"]),
         stack=str(header["stack"]),
-        label=tuple(str(x) for x in header["label"]),
-        prompt=tuple(_int(t, "prompt") for t in header["prompt"]),
+        label=tuple(str(x) for x in _list(header["label"], "label")),
+        prompt=tuple(_int(t, "prompt") for t in _list(header["prompt"], "prompt")),
         decode_steps=_int(header["decode_steps"], "decode_steps"),
         channels=_int(header["channels"], "channels"),
         modules=tuple(modules),
         forwards=_int(header["forwards"], "forwards"),
-        skipped=tuple(str(s) for s in header.get("skipped", [])),
+        skipped=tuple(str(s) for s in _list(header.get("skipped", []), "skipped")),
         seconds=_float(header.get("seconds", 0.0)),
         raw_bytes=_int(header.get("raw_bytes", 0), "raw_bytes"),
         noise=None if noise is None else _noise(noise),
-        extra=dict(header.get("extra") or {}),
+        extra=dict(_obj(header.get("extra") or {}, "extra")),
     )  # fmt: skip
 
 
 def _noise(data: Any) -> Noise:
+    data = _obj(data, "noise")
     module = data.get("module")
     if module is not None and not isinstance(module, str):
         raise TypeError("noise.module must be a string or null")
@@ -195,14 +194,25 @@ def _noise(data: Any) -> Noise:
 
 
 def _source(data: Any) -> Source:
-    if not isinstance(data, dict):
-        raise TypeError("source must be an object")
+    data = _obj(data, "source")
     kind = data.get("kind")
     if kind == "agent":
         return AgentSource("agent", _int(data["pid"], "pid"), str(data["engine"]), str(data["model_class"]))
     if kind == "sglang-dumper":
         return DumperSource("sglang-dumper", str(data["exp_name"]), _int(data["files"], "files"))
     raise ValueError(f"unknown capture source {kind!r}")
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be an object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{what} must be a list")
+    return value
 
 
 def _int(value: Any, what: str) -> int:
