@@ -113,9 +113,11 @@ def test_a_capture_round_trips_through_its_file(
 @settings(max_examples=60, deadline=None)
 @given(
     path=st.lists(st.sampled_from(["format", "version", "source", "modules", "channels", "prompt", "noise", "role"])),
-    value=st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=5), st.floats(allow_nan=True), st.just([]),
-                    st.just({"kind": "other"}), st.just([{"name": "a"}])),  # fmt: skip
-)
+    value=st.one_of(
+        st.none(), st.integers(-3, 3), st.text(max_size=5), st.floats(allow_nan=True), st.just([]),
+        st.just({"kind": "other"}), st.just([{"name": "a"}]),
+    ),
+)  # fmt: skip
 def test_a_damaged_header_is_rejected_as_invalid_never_with_another_exception(path: list[str], value: object) -> None:
     good = _capture([ModuleRows("a", 0, 3, _rows(2, 3, 0))], 2, 8)
     header = json.loads(json.dumps(good.header()))
@@ -148,7 +150,8 @@ module_names = st.lists(st.sampled_from(["model", "layers", "0", "12", "mlp", "e
 
 @settings(max_examples=100, deadline=None)
 @given(
-    step=st.integers(0, 99), index=st.integers(1, 10**5), module=module_names, out=st.one_of(st.none(), st.integers(0, 3)),
+    step=st.integers(0, 99), index=st.integers(1, 10**5), module=module_names,
+    out=st.one_of(st.none(), st.integers(0, 3)),
     extra=st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True), tag_values, max_size=3),
 )  # fmt: skip
 def test_the_dumper_file_name_parser_reads_what_sglang_writes(
