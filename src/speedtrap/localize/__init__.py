@@ -3,6 +3,9 @@
 from speedtrap.localize import layer_diff, check_scale
 diff = layer_diff(model, ["mhc_bf16_gemm"], ids)          # first divergent module, growth
 scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applications per MoE layer
+
+Inside a live server (SGLang, vLLM, ``speedtrap serve``): launch it with ``agent_env(folder)`` added
+to its environment, then ``capture_live`` / ``compare_captures`` / ``scale_live`` (see ``_live.py``).
 """
 
 from __future__ import annotations
@@ -21,28 +24,63 @@ from speedtrap.localize._results import (
 )
 
 if TYPE_CHECKING:
+    from speedtrap.localize._agentlink import AGENT_PATH, AgentLink, agent_env
+    from speedtrap.localize._capture import Capture, ModuleRows, Noise, load_capture, parse_capture, save_capture
+    from speedtrap.localize._dumper import dumper_env, parse_dump_name
     from speedtrap.localize._inputs import default_ids
     from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
+    from speedtrap.localize._live import capture_live, scale_live
+    from speedtrap.localize._livediff import NOISE_MARGIN, compare_captures
     from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
 
 __all__ = [
+    "AGENT_PATH",
     "DEFAULT_PARAM",
     "DEFAULT_THRESHOLD",
+    "NOISE_MARGIN",
+    "AgentLink",
+    "Capture",
     "ConsumerFit",
     "LayerDiffResult",
     "LayerGrowth",
     "ModuleDiff",
+    "ModuleRows",
+    "Noise",
     "PinnedSite",
     "ScaleCheckResult",
     "ScaleUnit",
+    "agent_env",
+    "capture_live",
     "check_scale",
+    "compare_captures",
     "default_ids",
+    "dumper_env",
     "layer_diff",
+    "load_capture",
+    "parse_capture",
+    "parse_dump_name",
+    "save_capture",
+    "scale_live",
     "shared_copy",
 ]
 
 # The rest loads on first use, so that reading the result types loads no stage machinery.
 _LAZY = {
+    "AGENT_PATH": "speedtrap.localize._agentlink",
+    "AgentLink": "speedtrap.localize._agentlink",
+    "agent_env": "speedtrap.localize._agentlink",
+    "Capture": "speedtrap.localize._capture",
+    "ModuleRows": "speedtrap.localize._capture",
+    "Noise": "speedtrap.localize._capture",
+    "load_capture": "speedtrap.localize._capture",
+    "parse_capture": "speedtrap.localize._capture",
+    "save_capture": "speedtrap.localize._capture",
+    "dumper_env": "speedtrap.localize._dumper",
+    "parse_dump_name": "speedtrap.localize._dumper",
+    "capture_live": "speedtrap.localize._live",
+    "scale_live": "speedtrap.localize._live",
+    "NOISE_MARGIN": "speedtrap.localize._livediff",
+    "compare_captures": "speedtrap.localize._livediff",
     "DEFAULT_PARAM": "speedtrap.localize._scale",
     "DEFAULT_THRESHOLD": "speedtrap.localize._layers",
     "check_scale": "speedtrap.localize._scale",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from speedtrap._errors import PatchError, SpeedtrapError, TargetError, UsageError
-from speedtrap._shapes import LayerGrowth
+from speedtrap.localize._assemble import diff_result, module_diff
 from speedtrap.localize._heads import stub_output_head
 from speedtrap.localize._pairing import (
     RECOMPUTE_CHUNK_ELEMENTS,
@@ -34,7 +34,7 @@ from speedtrap.localize._pairing import (
     position_dim,
     register,
 )
-from speedtrap.localize._results import LayerDiffResult, ModuleDiff, layer_of, layer_prefix
+from speedtrap.localize._results import LayerDiffResult, ModuleDiff, layer_of
 from speedtrap.localize._stats import Accumulator, as_rows, compare_rows, position_edges
 from speedtrap.targets import InProcessModel
 
@@ -332,48 +332,10 @@ def _result(
 ) -> LayerDiffResult:
     modules: list[ModuleDiff] = []
     for rec in sorted(collector.records.values(), key=lambda r: r.order):
-        display = rec.name or "(model)"
-        if rec.compared:
-            acc = rec.acc
-            status = "compared"
-            modules.append(
-                ModuleDiff(
-                    display,
-                    layer_of(rec.name),
-                    status,
-                    rec.calls,
-                    rec.compared,
-                    acc.rel_diff,
-                    acc.max_abs,
-                    acc.cosine,
-                    tuple(acc.bucket_rel()),
-                    "; ".join(rec.notes),
-                )
-            )
-        else:
-            status = "mismatch" if rec.mismatches else "patched_only"
-            modules.append(ModuleDiff(display, layer_of(rec.name), status, rec.calls, 0, note="; ".join(rec.notes)))
+        modules.append(module_diff(rec.name, rec.calls, rec.compared, rec.acc, rec.notes, bool(rec.mismatches)))
     seen = {m.name for m in modules}
     for entry in leftovers:
         if entry.name not in seen:
             seen.add(entry.name)
             modules.append(ModuleDiff(entry.name or "(model)", layer_of(entry.name), "baseline_only", 1, 0))
-    first = next((m.name for m in modules if m.diverged(threshold)), None)
-    return LayerDiffResult(
-        target, patches, baseline, len(ids), decode, threshold, tuple(edges), tuple(modules), first, _growth(modules)
-    )
-
-
-def _growth(modules: list[ModuleDiff]) -> tuple[LayerGrowth, ...]:
-    by_layer: dict[int, list[ModuleDiff]] = {}
-    for m in modules:
-        if m.layer is not None and m.rel_diff is not None:
-            by_layer.setdefault(m.layer, []).append(m)
-    out = []
-    for layer in sorted(by_layer):
-        members = by_layer[layer]
-        block = next((m for m in members if layer_prefix(m.name) == m.name), None)
-        worst = max(members, key=lambda m: m.rel_diff or 0.0)
-        module = block or worst
-        out.append(LayerGrowth(layer, module.name, module.rel_diff, float(worst.rel_diff or 0.0)))
-    return tuple(out)
+    return diff_result(target, patches, baseline, len(ids), decode, threshold, edges, modules)

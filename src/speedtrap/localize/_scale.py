@@ -17,10 +17,9 @@ enters a nonlinearity (routing, activation) is "not a power law", whatever the n
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -28,13 +27,13 @@ from torch import Tensor, nn
 from speedtrap._errors import UsageError
 from speedtrap.localize._pairing import float_tensors
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
+from speedtrap.localize.agent.speedtrap_agent.scale import shared_children, unit_of
 from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"
 DEFAULT_MULTIPLIERS = (0.5, 1.0, 2.0, 4.0)
 FIT_TOLERANCE = 1e-3  # log-space RMS residual and relative shape residual of a power law
 INTEGER_TOLERANCE = 0.05
-_SHARED = re.compile(r"^shared_?(experts?|mlp)$")
 
 Sites = list[tuple[str, nn.Module]]
 
@@ -80,13 +79,13 @@ def check_scale(
             elif len(consumers) > 1:
                 for consumer_name, consumer in consumers:
                     partial = [_routed(unit, call, [consumer], [], param, s) for s in chosen]
-                    exponent, residual = _fit(chosen, [float(p.norm()) for p in partial])
+                    exponent, residual = _fit(chosen, norms_of(gram_of(partial)))
                     fits.append(ConsumerFit(consumer_name, exponent, residual))
             else:
-                exponent, residual = _fit(chosen, [float(o.norm()) for o in outputs])
+                exponent, residual = _fit(chosen, norms_of(gram_of(outputs)))
                 fits.append(ConsumerFit(consumers[0][0], exponent, residual))
             measured = "output - " + "/".join(_shared_children(unit)) if _shared_children(unit) else "output"
-            results.append(_unit(name, measured, tuple(fits), chosen, outputs, nominal))
+            results.append(unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal))
     return ScaleCheckResult(
         model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned)
     )
@@ -155,20 +154,12 @@ def _values(values: Sequence[float] | None, nominal: float) -> list[float]:
 def _units(root: nn.Module, sites: Sites) -> dict[str, tuple[nn.Module, Sites]]:
     """Group consumers by the MoE block around them (nearest module with an ``experts`` child)."""
     modules = dict(root.named_modules())
+    children = {n: {c for c, _ in m.named_children()} for n, m in modules.items()}
     units: dict[str, tuple[nn.Module, Sites]] = {}
     for name, module in sites:
-        unit_name = name
-        probe = name
-        while True:
-            candidate = modules.get(probe)
-            if candidate is not None and "experts" in dict(candidate.named_children()):
-                unit_name = probe
-                break
-            if not probe:
-                break
-            probe = probe.rpartition(".")[0]
-        unit = modules[unit_name]
-        units.setdefault(unit_name, (unit, []))[1].append((name, module))
+        unit_name = unit_of(name, children)
+        unit_name = name if unit_name is None else unit_name
+        units.setdefault(unit_name, (modules[unit_name], []))[1].append((name, module))
     return dict(sorted(units.items(), key=lambda kv: list(modules).index(kv[0])))
 
 
@@ -193,7 +184,7 @@ def _capture(root: nn.Module, units: list[nn.Module], ids: list[int]) -> dict[in
 
 
 def _shared_children(unit: nn.Module) -> list[str]:
-    return [n for n, _ in unit.named_children() if _SHARED.match(n)]
+    return shared_children(unit)
 
 
 @contextmanager
@@ -244,24 +235,40 @@ def _fit(values: Sequence[float], norms: Sequence[float]) -> tuple[float | None,
     return slope, residual
 
 
-def _unit(
+def gram_of(outputs: Sequence[Tensor]) -> list[list[float]]:
+    """Inner products of the routed outputs (float64): all that the verdict needs of them."""
+    stacked = torch.stack([o.double().reshape(-1) for o in outputs])
+    return cast(list[list[float]], (stacked @ stacked.T).tolist())
+
+
+def norms_of(gram: Sequence[Sequence[float]]) -> list[float]:
+    return [math.sqrt(max(float(gram[i][i]), 0.0)) for i in range(len(gram))]
+
+
+def unit_from_gram(
     name: str,
     measured: str,
     fits: tuple[ConsumerFit, ...],
-    values: list[float],
-    outputs: list[Tensor],
+    values: Sequence[float],
+    gram: Sequence[Sequence[float]],
     nominal: float,
 ) -> ScaleUnit:
-    norms = tuple(float(o.norm()) for o in outputs)
+    """The verdict of one unit from the Gram matrix of its routed outputs at ``values`` (in-process and live).
+
+    The shape residual ``max_i ||o_i - (v_i/v_ref)^k o_ref|| / ||o_i||`` is exact from inner products:
+    ``||o_i - c o_r||^2 = G_ii - 2c G_ir + c^2 G_rr``.
+    """
+    norms = tuple(norms_of(gram))
     exponent, residual = _fit(values, norms)
     if exponent is None or residual is None:
         verdict = "no routed output to measure" if all(n == 0 for n in norms) else "not a power law (zero output)"
         return ScaleUnit(name, layer_of(name), measured, fits, norms, None, None, None, None, verdict)
     ref = min(range(len(values)), key=lambda i: abs(values[i] - nominal))
-    shape = max(
-        float((o - (v / values[ref]) ** exponent * outputs[ref]).norm()) / max(float(o.norm()), 1e-300)
-        for v, o in zip(values, outputs, strict=True)
-    )
+    shape = 0.0
+    for i, v in enumerate(values):
+        c = (v / values[ref]) ** exponent
+        sq = float(gram[i][i]) - 2 * c * float(gram[i][ref]) + c * c * float(gram[ref][ref])
+        shape = max(shape, math.sqrt(max(sq, 0.0)) / max(norms[i], 1e-300))
     times: int | None = None
     if residual > FIT_TOLERANCE or shape > FIT_TOLERANCE:
         verdict = "not a power law"

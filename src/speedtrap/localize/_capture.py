@@ -1,0 +1,234 @@
+"""The live capture record: one format for every mechanism, one parser, validated on load.
+
+A capture is one teacher-forced request through a live stack, reduced per module output tensor to
+one row per fed token: its absolute position, fed token id, the call's ordinal within its forward
+(``occ``), the forward's index (``fwd``), the full row's sum of squares (float64) and max |x|, and
+a fixed channel sample (float32; all channels when the row has at most ``channels``). It is one
+safetensors file; the header (JSON, in the file's metadata under ``speedtrap.capture``) is a tagged
+union on ``source.kind``: ``agent`` (speedtrap's in-worker agent) or ``sglang-dumper`` (SGLang's
+own dumper, its ``.pt`` files reduced here).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor
+
+from speedtrap._errors import ServerError
+
+FORMAT = "speedtrap-live-capture"
+FORMAT_VERSION = 1
+HEADER_KEY = "speedtrap.capture"
+ROW_FIELDS = ("x", "sq", "max", "pos", "ids", "occ", "fwd")
+_DTYPES = {"x": "float32", "sq": "float64", "max": "float32", "pos": "int64", "ids": "int64", "occ": "int64",
+           "fwd": "int64"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AgentSource:
+    kind: Literal["agent"]
+    pid: int
+    engine: str
+    model_class: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "pid": self.pid, "engine": self.engine, "model_class": self.model_class}
+
+
+@dataclass(frozen=True)
+class DumperSource:
+    kind: Literal["sglang-dumper"]
+    exp_name: str
+    files: int  # .pt files read (then deleted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "exp_name": self.exp_name, "files": self.files}
+
+
+Source = AgentSource | DumperSource
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The base request repeated once in the same server: the largest module rel_diff between the two."""
+
+    rel_diff: float
+    module: str | None
+    positions: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rel_diff": self.rel_diff, "module": self.module, "positions": self.positions}
+
+
+@dataclass(frozen=True)
+class ModuleRows:
+    """One module output tensor's rows (``tensor``: its index among the output's float tensors)."""
+
+    name: str
+    tensor: int
+    features: int
+    rows: dict[str, Tensor]  # ROW_FIELDS -> [R] (x: [R, channels])
+
+    @property
+    def count(self) -> int:
+        return int(self.rows["pos"].shape[0])
+
+
+@dataclass(frozen=True)
+class Capture:
+    source: Source
+    role: str
+    stack: str
+    label: tuple[str, ...]  # the configuration: its patch names (empty: the base)
+    prompt: tuple[int, ...]
+    decode_steps: int
+    channels: int
+    modules: tuple[ModuleRows, ...]
+    forwards: int
+    skipped: tuple[str, ...] = ()  # modules whose output has no row per fed token
+    seconds: float = 0.0
+    raw_bytes: int = 0  # what the mechanism wrote before reduction (the dumper's .pt files, the agent's file)
+    noise: Noise | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": FORMAT_VERSION, "source": self.source.to_json(), "role": self.role,
+            "stack": self.stack, "label": list(self.label), "prompt": list(self.prompt),
+            "decode_steps": self.decode_steps, "channels": self.channels, "forwards": self.forwards,
+            "skipped": list(self.skipped), "seconds": self.seconds, "raw_bytes": self.raw_bytes,
+            "noise": self.noise.to_json() if self.noise else None, "extra": self.extra,
+            "modules": [{"name": m.name, "tensor": m.tensor, "features": m.features} for m in self.modules],
+        }  # fmt: skip
+
+
+def save_capture(capture: Capture, path: Path) -> int:
+    """Write ``capture`` atomically; returns the file's bytes."""
+    from safetensors.torch import save_file
+
+    tensors = {f"m{i}.{k}": m.rows[k].contiguous() for i, m in enumerate(capture.modules) for k in ROW_FIELDS}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(capture.header())})
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def load_capture(path: Path, role: str) -> Capture:
+    """Read and validate a capture file; any problem is a ServerError naming ``role`` and the file."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise _bad(role, path, "is missing")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as exc:
+        raise _bad(role, path, f"is unreadable ({type(exc).__name__}: {exc})"[:300]) from None
+    if HEADER_KEY not in meta:
+        raise _bad(role, path, "has no speedtrap capture header")
+    try:
+        header = json.loads(meta[HEADER_KEY])
+    except ValueError:
+        raise _bad(role, path, "has a corrupt header") from None
+    try:
+        return parse_capture(header, tensors)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(role, path, f"is not a valid capture: {exc}"[:300]) from None
+
+
+def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
+    """The one parser: header and tensors to a :class:`Capture`; ValueError/KeyError/TypeError when invalid."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError("not a speedtrap live capture")
+    if header.get("version") != FORMAT_VERSION:
+        raise ValueError(f"format version {header.get('version')!r}, expected {FORMAT_VERSION}")
+    source = _source(header["source"])
+    modules = []
+    for i, entry in enumerate(_list(header["modules"], "modules")):
+        entry = _obj(entry, f"modules[{i}]")
+        rows = {k: tensors[f"m{i}.{k}"] for k in ROW_FIELDS}
+        count = rows["pos"].shape[0] if rows["pos"].dim() == 1 else -1
+        for k, t in rows.items():
+            if str(t.dtype).removeprefix("torch.") != _DTYPES[k]:
+                raise ValueError(f"module {i} field {k}: dtype {t.dtype}, expected {_DTYPES[k]}")
+            if t.shape[0] != count or t.dim() != (2 if k == "x" else 1):
+                raise ValueError(f"module {i} field {k}: shape {tuple(t.shape)} does not match {count} rows")
+        features = _int(entry["features"], "features")
+        if rows["x"].shape[1] != min(features, _int(header["channels"], "channels")):
+            raise ValueError(f"module {i}: {rows['x'].shape[1]} channels sampled of {features}")
+        modules.append(ModuleRows(str(entry["name"]), _int(entry["tensor"], "tensor"), features, rows))
+    if len(tensors) != len(modules) * len(ROW_FIELDS):
+        raise ValueError(f"{len(tensors)} tensors for {len(modules)} modules")
+    noise = header.get("noise")
+    return Capture(
+        source=source,
+        role=str(header["role"]),
+        stack=str(header["stack"]),
+        label=tuple(str(x) for x in _list(header["label"], "label")),
+        prompt=tuple(_int(t, "prompt") for t in _list(header["prompt"], "prompt")),
+        decode_steps=_int(header["decode_steps"], "decode_steps"),
+        channels=_int(header["channels"], "channels"),
+        modules=tuple(modules),
+        forwards=_int(header["forwards"], "forwards"),
+        skipped=tuple(str(s) for s in _list(header.get("skipped", []), "skipped")),
+        seconds=_float(header.get("seconds", 0.0)),
+        raw_bytes=_int(header.get("raw_bytes", 0), "raw_bytes"),
+        noise=None if noise is None else _noise(noise),
+        extra=dict(_obj(header.get("extra") or {}, "extra")),
+    )  # fmt: skip
+
+
+def _noise(data: Any) -> Noise:
+    data = _obj(data, "noise")
+    module = data.get("module")
+    if module is not None and not isinstance(module, str):
+        raise TypeError("noise.module must be a string or null")
+    return Noise(_float(data["rel_diff"]), module, _int(data["positions"], "positions"))
+
+
+def _source(data: Any) -> Source:
+    data = _obj(data, "source")
+    kind = data.get("kind")
+    if kind == "agent":
+        return AgentSource("agent", _int(data["pid"], "pid"), str(data["engine"]), str(data["model_class"]))
+    if kind == "sglang-dumper":
+        return DumperSource("sglang-dumper", str(data["exp_name"]), _int(data["files"], "files"))
+    raise ValueError(f"unknown capture source {kind!r}")
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be an object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{what} must be a list")
+    return value
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _bad(role: str, path: Path, what: str) -> ServerError:
+    return ServerError(
+        f"the {role} capture file {path} {what}",
+        "capture again from the running stack (speedtrap takes no missing or damaged capture as a pass)",
+    )

@@ -1,0 +1,231 @@
+"""Localize inside a live server: one teacher-forced request captured, and the scale check in the worker.
+
+    from speedtrap.localize import agent_env, capture_live, compare_captures, scale_live
+    env = {**launch_env, **agent_env(agent_dir, launch_env)}          # at launch
+    base = capture_live(url, agent_dir, ids, api="sglang", out=run / "base.capture", repeat=True)
+    ... stop the base server, launch the trial's, then
+    trial = capture_live(url, agent_dir, ids, api="sglang", out=run / "trial.capture", role="trial")
+    diff = compare_captures(load_capture(run / "base.capture", "base"), trial)
+    scale = scale_live(url, agent_dir, ids, api="sglang")
+
+The request: the prompt's ids (one prefill forward, or several when the engine chunks it), then
+``decode`` greedy decode forwards (``decode + 1`` new tokens: the last one is never fed).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from speedtrap._errors import UsageError
+from speedtrap.localize._agentlink import AgentLink, Api, send_request
+from speedtrap.localize._capture import AgentSource, Capture, ModuleRows, save_capture
+from speedtrap.localize._livediff import noise_of
+from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
+from speedtrap.localize._scale import DEFAULT_MULTIPLIERS, DEFAULT_PARAM, _fit, _values, norms_of, unit_from_gram
+
+DEFAULT_CHANNELS = 256
+Mechanism = Literal["agent", "sglang-dumper"]
+
+
+def capture_live(
+    url: str,
+    folder: Path,
+    ids: Sequence[int],
+    *,
+    api: Api,
+    out: Path,
+    decode: int = 4,
+    role: str = "base",
+    stack: str = "",
+    label: Sequence[str] = (),
+    repeat: bool = False,
+    mechanism: Mechanism = "agent",
+    channels: int = DEFAULT_CHANNELS,
+    model: str | None = None,
+    timeout: float = 300.0,
+) -> Capture:
+    """Capture one request through the running server at ``url`` into ``out`` (a capture file).
+
+    ``folder``: the server's agent folder (``mechanism="agent"``) or its ``DUMPER_DIR``
+    (``"sglang-dumper"``). ``repeat``: send the request twice and keep the second's difference from
+    the first as the capture's ``noise`` (do it for the base: the comparison's threshold uses it).
+    """
+    ids = [int(t) for t in ids]
+    if len(ids) < 2 or decode < 0 or channels < 1:
+        raise UsageError(
+            f"a live capture needs 2+ prompt tokens, decode >= 0, channels >= 1 (got {len(ids)}, {decode}, {channels})",
+            "pass a longer prompt or fix the numbers",
+        )
+    first = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
+    if repeat:
+        second = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
+        first = _with(first, noise=noise_of(first, second), seconds=first.seconds + second.seconds)
+    compact = save_capture(first, out)
+    first.extra["bytes"] = compact
+    return first
+
+
+def _with(capture: Capture, **changes: object) -> Capture:
+    from dataclasses import replace
+
+    return replace(capture, **changes)  # type: ignore[arg-type]
+
+
+def _once(
+    url: str,
+    folder: Path,
+    ids: list[int],
+    api: Api,
+    decode: int,
+    role: str,
+    stack: str,
+    label: Sequence[str],
+    mechanism: Mechanism,
+    channels: int,
+    model: str | None,
+    timeout: float,
+) -> Capture:
+    started = time.monotonic()
+    if mechanism == "sglang-dumper":
+        from speedtrap.localize._dumper import capture_dumper
+
+        capture = capture_dumper(url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout)
+        return _with(capture, seconds=time.monotonic() - started)
+    link = AgentLink(Path(folder), role, timeout)
+    agent = link.agents()[0]
+    ident = link.send("capture", channels=channels)
+    send_request(url, api, ids, decode + 1, model=model, timeout=timeout)
+    link.send("finish", of=ident)
+    result = link.result(ident, int(agent["pid"]))
+    meta = link.read_json(result / "capture.json")
+    tensors, raw = _agent_tensors(link, result)
+    try:
+        modules = [
+            keep_prompt_rows(
+                m["name"], int(m["tensor"]), int(m["features"]), {k: tensors[f"{m['key']}.{k}"] for k in _FIELDS}, ids
+            )
+            for m in meta["modules"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise link.bad(result, f"holds an incomplete capture ({type(exc).__name__}: {exc})"[:200]) from None
+    shutil.rmtree(result.parent, ignore_errors=True)
+    source = AgentSource("agent", int(agent["pid"]), str(agent["engine"]), str(agent["model_class"]))
+    return Capture(
+        source, role, stack or str(agent["engine"]), tuple(label), tuple(ids), decode, channels,
+        tuple(m for m in modules if m.count), len(meta.get("forwards", [])), tuple(meta.get("skipped", [])),
+        time.monotonic() - started, raw,
+    )  # fmt: skip
+
+
+_FIELDS = ("x", "sq", "max", "pos", "ids", "occ", "fwd")
+
+
+def _agent_tensors(link: AgentLink, result: Path) -> tuple[dict[str, torch.Tensor], int]:
+    st, pt = result / "capture.safetensors", result / "capture.pt"
+    path = st if st.exists() else pt
+    if not path.exists():
+        raise link.bad(st, "is missing")
+    try:
+        if path is st:
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+        else:
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise link.bad(path, f"is unreadable ({type(exc).__name__})") from None
+    return tensors, path.stat().st_size
+
+
+def keep_prompt_rows(
+    name: str, tensor: int, features: int, rows: dict[str, torch.Tensor], prompt: Sequence[int]
+) -> ModuleRows:
+    """Drop rows at prompt positions whose fed token is not the prompt's (another request's forward)."""
+    table = torch.tensor(list(prompt), dtype=torch.long)
+    pos, fed = rows["pos"].long(), rows["ids"].long()
+    inside = pos < len(prompt)
+    ok = ~inside | (table[pos.clamp(0, len(prompt) - 1)] == fed)
+    ok &= pos >= 0
+    typed = {
+        "x": rows["x"].float(), "sq": rows["sq"].double(), "max": rows["max"].float(), "pos": pos,
+        "ids": fed, "occ": rows["occ"].long(), "fwd": rows["fwd"].long(),
+    }  # fmt: skip
+    if not bool(ok.all()):
+        typed = {k: v[ok] for k, v in typed.items()}
+    return ModuleRows(name, tensor, features, {k: v.contiguous() for k, v in typed.items()})
+
+
+def scale_live(
+    url: str,
+    folder: Path,
+    ids: Sequence[int],
+    *,
+    api: Api,
+    param: str = DEFAULT_PARAM,
+    values: Sequence[float] | None = None,
+    role: str = "trial",
+    label: Sequence[str] = (),
+    target: str = "",
+    model: str | None = None,
+    timeout: float = 300.0,
+) -> ScaleCheckResult:
+    """How many times ``param`` is applied per MoE unit, measured by the agent in the server's worker.
+
+    The agent captures each unit's inputs on the prefill of one request, then replays the unit on the
+    same thread with every copy of ``param`` set to each value (weights untouched) and returns the
+    Gram matrix of its routed outputs; the verdicts are the in-process ones (``unit_from_gram``).
+    """
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise UsageError("scale check needs at least 1 token", "pass a longer prompt")
+    if values is not None:
+        _values(values, 1.0)  # the same validation as in-process
+    link = AgentLink(Path(folder), role, timeout)
+    agent = link.agents()[0]
+    fields: dict[str, object] = {"param": param}
+    fields |= {"values": [float(v) for v in values]} if values else {"multipliers": list(DEFAULT_MULTIPLIERS)}
+    ident = link.send("scale", **fields)
+    send_request(url, api, ids, 1, model=model, timeout=timeout)
+    result = link.result(ident, int(agent["pid"]))
+    data = link.read_json(result / "scale.json")
+    shutil.rmtree(result.parent, ignore_errors=True)
+    try:
+        return _scale_result(data, tuple(label), len(ids), target or str(agent["engine"]))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise link.bad(result / "scale.json", f"is incomplete ({type(exc).__name__}: {exc})"[:200]) from None
+
+
+def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, target: str) -> ScaleCheckResult:
+    values = [float(v) for v in data["values"]]  # type: ignore[attr-defined]
+    nominal = float(data["nominal"])  # type: ignore[arg-type]
+    units: list[ScaleUnit] = []
+    for entry in data["units"]:  # type: ignore[attr-defined]
+        gram = _gram(entry["gram"], len(values))
+        fits = []
+        for consumer in entry["consumers"]:
+            if consumer["gram"] is None:
+                exponent, residual = _fit(values, norms_of(gram))
+            else:
+                exponent, residual = _fit(values, norms_of(_gram(consumer["gram"], len(values))))
+            fits.append(ConsumerFit(str(consumer["module"]), exponent, residual))
+        shared = [str(s) for s in entry["shared"]]
+        measured = "output - " + "/".join(shared) if shared else "output"
+        units.append(unit_from_gram(str(entry["module"]), measured, tuple(fits), values, gram, nominal))
+    pinned = tuple(PinnedSite(str(p["module"]), float(p["value"])) for p in data.get("pinned", []))  # type: ignore[attr-defined]
+    return ScaleCheckResult(target, str(data["param"]), nominal, tuple(values), label, tokens, tuple(units), pinned)
+
+
+def _gram(raw: object, n: int) -> list[list[float]]:
+    if not isinstance(raw, list) or len(raw) != n or any(not isinstance(r, list) or len(r) != n for r in raw):
+        raise ValueError(f"a Gram matrix must be {n}x{n}")
+    gram = [[float(v) for v in row] for row in raw]
+    if any(not math.isfinite(v) for row in gram for v in row):
+        raise ValueError("a Gram matrix holds a non-finite value")
+    return gram
