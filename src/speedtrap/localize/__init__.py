@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from speedtrap.localize._agentlink import AGENT_PATH, AgentLink, agent_env
     from speedtrap.localize._capture import Capture, ModuleRows, Noise, load_capture, parse_capture, save_capture
     from speedtrap.localize._dumper import dumper_env, parse_dump_name
-    from speedtrap.localize._inputs import default_ids
+    from speedtrap.localize._inputs import default_ids, folder_ids
     from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
     from speedtrap.localize._live import capture_live, scale_live
     from speedtrap.localize._livediff import NOISE_MARGIN, compare_captures
@@ -60,6 +60,7 @@ __all__ = [
     "compare_captures",
     "default_ids",
     "dumper_env",
+    "folder_ids",
     "layer_diff",
     "load_capture",
     "localize_on_stack",
@@ -72,6 +73,7 @@ __all__ = [
 
 # The rest loads on first use, so that reading the result types loads no stage machinery.
 _LAZY = {
+    "folder_ids": "speedtrap.localize._inputs",
     "LiveRequest": "speedtrap.localize._on_stack",
     "RoleResult": "speedtrap.localize._on_stack",
     "StackLocalization": "speedtrap.localize._on_stack",
