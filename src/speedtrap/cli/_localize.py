@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Column, Table
@@ -13,6 +13,9 @@ from speedtrap.cli._app import app, check_app, emit_json, err_console, out_conso
 from speedtrap.cli._options import JsonOpt, PatchesOpt, SetOpt
 from speedtrap.patching import parse_patch_list
 from speedtrap.targets import InProcessModel
+
+if TYPE_CHECKING:
+    from speedtrap.localize import LayerDiffResult, ScaleCheckResult, StackLocalization
 
 diff_app = typer.Typer(
     help="Compare a patched configuration with the baseline, module by module.", no_args_is_help=True
@@ -24,6 +27,14 @@ TargetOpt = Annotated[
     typer.Option("--target", "-t", help="smol-moe, hf:<model type> (deepseek_v4, ...), hf:<dir> or hf:<file.gguf>."),
 ]
 TokensOpt = Annotated[int, typer.Option("--tokens", help="Input length in tokens (fixed prose, or seeded ids).")]
+ManifestOpt = Annotated[
+    Path | None,
+    typer.Option("--manifest", "-m", help="Measure inside the stack this speedtrap.toml launches (live localize)."),
+]
+RunDirOpt = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help="With --manifest: where the captures go; the base's is reused from there."),
+]
 
 
 def _overrides(pairs: list[str] | None) -> dict[str, str]:
@@ -62,11 +73,23 @@ def diff_layers_cmd(
         Path | None, typer.Option("--dump", help="Write every compared tensor pair here (safetensors).")
     ] = None,
     set_: SetOpt = None,
+    manifest: ManifestOpt = None,
+    run_dir: RunDirOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Run baseline and patched on the same tokens; name the first module whose output diverges."""
+    """Run baseline and patched on the same tokens; name the first module whose output diverges.
+
+    With --manifest, inside the stack the manifest launches (the base, then the patches; one stack at a time)."""
     from speedtrap.localize import DEFAULT_THRESHOLD, default_ids, layer_diff
 
+    if manifest is not None:
+        live = _live(manifest, patches, baseline, tokens, decode, threshold, None, None, run_dir)
+        if json:
+            emit_json({**live.shown.layers.to_json(), "live": live.extra()})
+            return
+        out_console.print(f"measured {live.measured_on()}", highlight=False, soft_wrap=True)
+        _print_layers(live.shown.layers)
+        return
     with err_console.status(f"loading {target}"):
         model, names = load_with_patches(target, patches, _overrides(set_))
     if not names:
@@ -80,6 +103,10 @@ def diff_layers_cmd(
     if json:
         emit_json(result.to_json())
         return
+    _print_layers(result)
+
+
+def _print_layers(result: LayerDiffResult) -> None:
     if result.first_divergent is None:
         out_console.print(
             f"[green]no module over rel_diff {result.threshold:g}[/] ({len(result.modules)} modules, "
@@ -122,12 +149,35 @@ def check_scale_cmd(
     ] = None,
     tokens: TokensOpt = 64,
     set_: SetOpt = None,
+    manifest: ManifestOpt = None,
+    run_dir: RunDirOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """How many times is a config scalar applied? The exponent of each consumer's output in it."""
+    """How many times is a config scalar applied? The exponent of each consumer's output in it.
+
+    With --manifest, measured in the worker of the stack the manifest launches, in the base and with --patches."""
     from speedtrap.localize import check_scale, default_ids
 
     chosen = _floats(values)
+    if manifest is not None:
+        live = _live(manifest, patches, None, tokens, 0, None, param, chosen, run_dir)
+        shown = live.shown
+        if shown.scale is None:
+            raise UsageError(
+                f"no role of the stack measured {param!r} (no module holds it at its config value)",
+                "check --param; the files of the live localize are in --run-dir",
+            )
+        if json:
+            base = None if shown.base_scale is None else shown.base_scale.to_json()
+            emit_json({**shown.scale.to_json(), "base": base, "live": live.extra()})
+            return
+        out_console.print(f"measured {live.measured_on()}", highlight=False, soft_wrap=True)
+        if shown.base_scale is not None:
+            out_console.print("[bold]the base configuration[/]")
+            _print_scale(shown.base_scale)
+            out_console.print(f"[bold]with {', '.join(shown.scale.patches)}[/]")
+        _print_scale(shown.scale)
+        return
     with err_console.status(f"loading {target}"):
         model, names = load_with_patches(target, patches, _overrides(set_))
     ids = default_ids(model, tokens)
@@ -136,6 +186,11 @@ def check_scale_cmd(
     if json:
         emit_json(result.to_json())
         return
+    _print_scale(result)
+
+
+def _print_scale(result: ScaleCheckResult) -> None:
+    param = result.param
     table = Table(
         Column("module", overflow="fold"), "exponent", "fit residual", "shape residual", "verdict", "consumers"
     )
@@ -154,6 +209,49 @@ def check_scale_cmd(
         f"{param} = {result.nominal:g}: {verdict} (values {list(result.values)}, patches {list(result.patches)})",
         soft_wrap=True,
     )
+
+
+def _live(
+    manifest: Path,
+    patches: str | None,
+    baseline: str | None,
+    tokens: int,
+    decode: int,
+    threshold: float | None,
+    param: str | None,
+    values: list[float] | None,
+    run_dir: Path | None,
+) -> StackLocalization:
+    """The base and ``patches`` launched from ``manifest`` one at a time, captured inside the stack, compared."""
+    from speedtrap.isolate import load_isolate_manifest
+    from speedtrap.localize import DEFAULT_THRESHOLD, LiveRequest, folder_ids, localize_on_stack
+    from speedtrap.stack import Launcher
+
+    spec = load_isolate_manifest(manifest)
+    if spec.target.in_process:
+        raise UsageError(f"{manifest} names an in-process target", f"pass --target {spec.target.name}")
+    names = parse_patch_list(patches)
+    base = parse_patch_list(baseline)
+    known = {p.name for p in spec.patches}
+    unknown = [n for n in [*names, *base] if n not in known]
+    if not names or unknown:
+        raise UsageError(
+            f"--patches must name patches of {manifest}" + (f" ({', '.join(unknown)} is not one)" if unknown else ""),
+            f"choose from: {', '.join(sorted(known))}",
+        )
+    model = spec.probe.model or spec.target.served_model
+    request = LiveRequest(
+        tuple(folder_ids(spec.target.model, tokens)), decode=decode, api="sglang" if spec.probe.api == "sglang" else
+        "openai", model=model, param=param, values=None if values is None else tuple(values),
+        threshold=threshold or DEFAULT_THRESHOLD,
+    )  # fmt: skip
+    folder = run_dir or Path("speedtrap-runs") / "live-localize"
+    launcher = Launcher(spec.target, spec.patches, model)
+    try:
+        with err_console.status(f"launching the base, then {', '.join(names)}, one stack at a time (in {folder})"):
+            return localize_on_stack(launcher, names, folder, request, base=base)
+    finally:
+        launcher.close()
 
 
 def _floats(text: str | None) -> list[float] | None:
