@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from speedtrap.cli import app
 from speedtrap._redact import redact_argv, redact_env
+from speedtrap.cli import app
 
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -243,6 +243,11 @@ def _inspect_stack(manifest: Path, as_json: bool) -> None:
     for role in report.roles:
         pids = ", ".join(f"{p.pid} {p.name}" for p in role.processes) or "none (the role is not running)"
         out_console.print(f"role {role.role} (port {role.port}; log {role.log}): {pids}", highlight=False, markup=False)
+        if role.switches:
+            shown = " ".join(f"{k}={v}" for k, v in role.switches.items())
+            out_console.print(f"  switches: {shown}", highlight=False, markup=False, soft_wrap=True)
+        if role.argv:
+            out_console.print(f"  argv: {' '.join(role.argv)}", highlight=False, markup=False, soft_wrap=True)
         table = Table("patch", "gate", "state", "evidence", title=f"role {role.role}: gates from {role.gates_from}")
         for g in role.gates:
             table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)

@@ -117,6 +117,8 @@ class HttpBackend:
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         watch: Watch | None = None,
+        tokenize_url: str | None = None,
+        retry_timeouts: bool = True,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in {"http", "https"} or not parts.netloc:
@@ -144,6 +146,13 @@ class HttpBackend:
         self.adapter: str | None = None  # the LoRA adapter served as ``model`` (its card names a parent)
         self._pieces: dict[str, int | None] = {}  # text piece -> token id, from /tokenize
         self.name = f"{self.base_url}[{model or 'default'}]"
+        # where /tokenize is asked when the server has none (a router in front of model servers); same model
+        self._tokenizer = (
+            HttpBackend(tokenize_url, model, timeout=timeout, retries=retries, backoff=backoff, api_key=api_key)
+            if tokenize_url
+            else None
+        )
+        self.retry_timeouts = retry_timeouts  # False: a request that times out fails at once (a hung stack)
 
     # -- transport -----------------------------------------------------------------------
 
@@ -205,6 +214,11 @@ class HttpBackend:
                 continue
             except httpx.TimeoutException as exc:
                 last = f"timed out ({type(exc).__name__})"
+                if not self.retry_timeouts:
+                    raise ServerError(
+                        f"{method} {url} got no answer within {self._timeout:g} s",
+                        "a request that hangs is not retried here: find the process that holds it",
+                    ) from None
                 continue
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {_one_line(str(exc), 80)}"
@@ -302,9 +316,12 @@ class HttpBackend:
         return None
 
     async def _tokenize_post(self, payload: dict[str, Any]) -> Any:
-        """POST /tokenize: None where the server has none; a refusal (HTTP 400) is a one-line error."""
+        """POST /tokenize: None where the server has none (nor ``tokenize_url``); HTTP 400 is a one-line error."""
         try:
-            return await self._post("/tokenize", payload, ABSENT)
+            data = await self._post("/tokenize", payload, ABSENT)
+            if data is None and self._tokenizer is not None:
+                data = await self._tokenizer._post("/tokenize", payload, ABSENT)
+            return data
         except Refused as exc:
             if exc.status != 400:
                 raise
@@ -472,6 +489,8 @@ class HttpBackend:
         pool, self._pool = self._pool, None
         if pool is not None and pool.loop is asyncio.get_running_loop():
             await pool.aclose()
+        if self._tokenizer is not None:
+            await self._tokenizer.aclose()
 
 
 class _Pool:

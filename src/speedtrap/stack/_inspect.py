@@ -30,7 +30,7 @@ class Switched(Protocol):
     def gate(self) -> Gate | None: ...
 
 
-_SWITCH_PREFIXES = (
+SWITCH_PREFIXES = (
     "SGLANG_",
     "VLLM_",
     "SPEEDTRAP_",
@@ -246,6 +246,6 @@ def inspect_process(pid: int, patches: Sequence[Switched], ssh_host: str | None 
     gates = [gate_state(p.name, p.gate, argv, env, ssh_host is None) for p in patches if p.gate is not None]
     known = {k for p in patches if p.gate is not None for k, _ in p.gate.env}
     env_shown, hidden = redact_env(env)
-    others = {k: v for k, v in env_shown.items() if k.startswith(_SWITCH_PREFIXES) and k not in known}
+    others = {k: v for k, v in env_shown.items() if k.startswith(SWITCH_PREFIXES) and k not in known}
     plugins = process_plugins(maps, env, argv)
     return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others, plugins)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
-from speedtrap._redact import redact_env
-from speedtrap.stack._inspect import GateState, gate_state
+from speedtrap._redact import redact_argv, redact_env
+from speedtrap.stack._inspect import SWITCH_PREFIXES, GateState, gate_state
 from speedtrap.stack._manifest import load_stack_manifest
 from speedtrap.stack._running import read_records
 
@@ -42,6 +42,8 @@ class RoleReport:
     processes: list[ProcessState] = field(default_factory=list)  # the leader first, then its descendants
     gates: list[GateState] = field(default_factory=list)
     gates_from: str = ""
+    argv: list[str] = field(default_factory=list)  # the leader's command line (redacted), else the recorded one
+    switches: dict[str, str] = field(default_factory=dict)  # engine switches (SGLANG_*, VLLM_*, ...) it runs with
 
     @property
     def patches_on(self) -> list[str]:
@@ -63,6 +65,8 @@ class RoleReport:
             "patches_on": self.patches_on,
             "gates_from": self.gates_from,
             "gates": [g.to_json() for g in self.gates],
+            "argv": self.argv,
+            "switches": self.switches,
         }
 
 
@@ -93,6 +97,14 @@ def _descendants(pid: int) -> list[int]:
         out.append(child)
         todo.extend(_children(child))
     return out
+
+
+def _cmdline(pid: int | None) -> list[str]:
+    try:
+        data = Path(f"/proc/{pid}/cmdline").read_bytes() if pid is not None else b""
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
 
 
 def _name(pid: int) -> str:
@@ -165,5 +177,7 @@ def inspect_stack(manifest_path: Path) -> StackReport:
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
         report.gates = [gate_state(p.name, p.gate, argv, redact_env(env)[0], True) for p in applies]
+        report.argv = redact_argv(_cmdline(leader_pid) or argv)
+        report.switches = {k: v for k, v in sorted(redact_env(env)[0].items()) if k.startswith(SWITCH_PREFIXES)}
         roles.append(report)
     return StackReport(str(record.get("manifest", "")), int(record.get("launcher", 0)), roles)

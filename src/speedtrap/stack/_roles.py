@@ -277,6 +277,13 @@ def patch_roles(stack: StackSpec | None, name: str, roles: Sequence[str], where:
     return tuple(roles) if roles else stack.model_roles
 
 
+def flag_key(arg: str) -> str | None:
+    """A launch flag's name spelled one way (``--a_b``, ``--a-b`` and ``--a-b=v`` are all ``--a-b``), or None."""
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
 def agree_conflict(
     stack: StackSpec, patch: str, roles: Sequence[str], env: Mapping[str, str], args: Sequence[str]
 ) -> str | None:
@@ -286,7 +293,7 @@ def agree_conflict(
     if not on or on == model:
         return None
     for key in stack.agree:
-        touched = key in env if not key.startswith("-") else any(a == key or a.startswith(key + "=") for a in args)
+        touched = key in env if not key.startswith("-") else any(flag_key(a) == flag_key(key) for a in args)
         if touched:
             rest = ", ".join(sorted(model - on))
             return (
@@ -318,6 +325,7 @@ __all__ = [
     "RoleSpec",
     "StackSpec",
     "agree_conflict",
+    "flag_key",
     "parse_stack",
     "patch_roles",
     "role_switches",
