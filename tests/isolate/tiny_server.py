@@ -20,6 +20,7 @@ process stays up (vLLM's API server over a dead engine core): it logs an ``Engin
 answers 503 and requests 500; ``TINY_DIE_ON_REQUEST``: healthy, it dies (exit 1, an error line in its log) on
 its first POST /v1/completions (SGLang's prefill without its CPU switch); ``TINY_HANG``: its first request
 (/figures or a completion) never gets an answer, and neither does anything after it, /health included.
+``TINY_LINEAGE`` names a file that gets ``ROLE GROUP PID ANCESTORS`` (``TINY_GROUP``: the trial's key).
 """
 
 from __future__ import annotations
@@ -137,6 +138,14 @@ if __name__ == "__main__":
                 f.write(f"{role} {what} {time.time():.6f} {os.getpid()}\n")
 
     event("start")
+    if os.environ.get("TINY_LINEAGE"):  # "ROLE GROUP PID ANCESTOR,ANCESTOR,...": which process launched it
+        chain, pid = [], os.getppid()
+        while pid > 1:
+            chain.append(str(pid))
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        with open(os.environ["TINY_LINEAGE"], "a") as f:
+            f.write(f"{role} {os.environ.get('TINY_GROUP', '')} {os.getpid()} {','.join(chain)}\n")
     if os.environ.get("TINY_CHILD"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))

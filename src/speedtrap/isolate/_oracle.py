@@ -285,6 +285,9 @@ class ServerOracle:
         if stack is not None and isinstance(server, Stack):
             role = stack.model_roles[0] if stack.model_roles else stack.entry.name
             kw["tokenize_url"] = f"http://127.0.0.1:{server.launches[role].port}"
+            prompt = [r.name for r in stack.roles if r.prompt_logprobs]
+            if prompt and kw["api"] == "sglang":
+                kw["prompt_url"] = f"http://127.0.0.1:{server.launches[prompt[0]].port}"
             if self.target.request_timeout is not None:
                 kw.update(timeout=self.target.request_timeout, retry_timeouts=False)
         return probe.HttpBackend(f"http://127.0.0.1:{server.port}", model, **kw)

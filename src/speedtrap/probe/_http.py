@@ -33,6 +33,7 @@ from speedtrap.probe._http_parse import (
 Api = Literal["openai", "vllm", "sglang"]
 # Where the caller owns the server process: its error if the process has exited (naming its log), else None.
 Watch = Callable[[], SpeedtrapError | None]
+SGLANG_FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 DEFAULT_TIMEOUT = 600.0  # seconds to wait for an answer: a long prompt on a busy server is slow
 CONTEXT_WORDS = ("context", "too long", "maximum", "exceed")
 AUTO_MODEL = frozenset({"", "default"})  # model names that mean "the first model the server lists"
@@ -119,6 +120,7 @@ class HttpBackend:
         watch: Watch | None = None,
         tokenize_url: str | None = None,
         retry_timeouts: bool = True,
+        prompt_url: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in {"http", "https"} or not parts.netloc:
@@ -153,6 +155,12 @@ class HttpBackend:
             else None
         )
         self.retry_timeouts = retry_timeouts  # False: a request that times out fails at once (a hung stack)
+        # where the prompt's logprobs are asked (a PD stack's prefill: SGLang's router drops input_top_logprobs)
+        self._prompter = (
+            HttpBackend(prompt_url, model, timeout=timeout, retries=retries, backoff=backoff, api_key=api_key, api=api)
+            if prompt_url
+            else None
+        )
 
     # -- transport -----------------------------------------------------------------------
 
@@ -436,6 +444,11 @@ class HttpBackend:
             }
             if self.adapter:  # /generate names no model: the adapter goes as lora_path (io_struct.py:277)
                 payload["lora_path"] = self.adapter
+            if self._prompter is not None:
+                # SGLang's PD prefill asked directly: its fake bootstrap host (disaggregation/utils.py:53, the
+                # one its own warmup sends) lets it finish the request without a decode
+                payload.update(bootstrap_host=SGLANG_FAKE_BOOTSTRAP_HOST, bootstrap_room=0)
+                return parse_sglang_generate(await self._prompter._post("/generate", payload), ids)
             return parse_sglang_generate(await self._post("/generate", payload), ids)
         payload = {
             "model": self.model,
@@ -489,8 +502,9 @@ class HttpBackend:
         pool, self._pool = self._pool, None
         if pool is not None and pool.loop is asyncio.get_running_loop():
             await pool.aclose()
-        if self._tokenizer is not None:
-            await self._tokenizer.aclose()
+        for other in (self._tokenizer, self._prompter):
+            if other is not None:
+                await other.aclose()
 
 
 class _Pool:
