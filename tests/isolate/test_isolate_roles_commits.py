@@ -14,6 +14,7 @@ import pytest
 from test_isolate_roles import _environ, _server_pid, pd_roles, started, write_stack
 
 from speedtrap.isolate import load_isolate_manifest
+from speedtrap.stack import Launcher
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -50,6 +51,9 @@ def test_a_split_commit_runs_in_its_role_only(tmp_path: Path, repo: tuple[Path, 
     path = write_stack(tmp_path, pd_roles(), patches, target)
     manifest = load_isolate_manifest(path)
     assert [p.name for p in manifest.patches] == ["fuse@prefill", "fuse@decode"]
+    launcher = Launcher(manifest.target, manifest.patches)
+    assert launcher.roles_of(("fuse@prefill",)) == ("prefill",)
+    assert launcher.roles_of(("fuse@decode", "fuse@prefill")) == ("prefill", "decode")
     for config, patched in [(("fuse@prefill",), {"prefill"}), (("fuse@decode", "fuse@prefill"), {"prefill", "decode"})]:
         with started(path, config, tmp_path) as stack:
             seen = {role: _code(_server_pid(pid)) for role, pid in stack.pids().items()}

@@ -75,6 +75,14 @@ class Launcher:
         assert stack is not None
         return tuple(n for n in config if role in (self.patches[n].roles or stack.model_roles))
 
+    def roles_of(self, config: Sequence[str]) -> tuple[str, ...]:
+        """The roles ``config``'s patches are switched on in, in the stack's order: where a culprit shows (live
+        localize captures these roles; ``glm4_fused_topk_scale@prefill`` -> ``("prefill",)``)."""
+        stack = self.target.stack
+        if stack is None:
+            return (SINGLE_ROLE,)
+        return tuple(r.name for r in stack.roles if self.role_config(config, r.name))
+
     def stack_launches(
         self, config: Sequence[str], scratch: Mapping[str, Path], extra_env: Mapping[str, str] | None = None
     ) -> list[RoleLaunch]:
