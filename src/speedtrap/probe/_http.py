@@ -150,14 +150,31 @@ class HttpBackend:
         self.name = f"{self.base_url}[{model or 'default'}]"
         # where /tokenize is asked when the server has none (a router in front of model servers); same model
         self._tokenizer = (
-            HttpBackend(tokenize_url, model, timeout=timeout, retries=retries, backoff=backoff, api_key=api_key)
+            HttpBackend(
+                tokenize_url,
+                model,
+                timeout=timeout,
+                retries=retries,
+                backoff=backoff,
+                api_key=api_key,
+                transport=transport,
+            )
             if tokenize_url
             else None
         )
         self.retry_timeouts = retry_timeouts  # False: a request that times out fails at once (a hung stack)
         # where the prompt's logprobs are asked (a PD stack's prefill: SGLang's router drops input_top_logprobs)
         self._prompter = (
-            HttpBackend(prompt_url, model, timeout=timeout, retries=retries, backoff=backoff, api_key=api_key, api=api)
+            HttpBackend(
+                prompt_url,
+                model,
+                timeout=timeout,
+                retries=retries,
+                backoff=backoff,
+                api_key=api_key,
+                api=api,
+                transport=transport,
+            )
             if prompt_url
             else None
         )
