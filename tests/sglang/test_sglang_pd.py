@@ -32,6 +32,7 @@ def _manifest(tmp_path: Path, model: Path, **pd_kw: Any) -> Path:
     python, site = pd.ensure_python(), pd.ensure_packages()
     tables = pd.pd_tables(python, site, **pd_kw)
     tables["target"].update(model=str(model), served_model=str(model), request_timeout=FAKE_TIMEOUT)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "speedtrap.toml"
     path.write_text(pd.tables_text(tables))
     return path
