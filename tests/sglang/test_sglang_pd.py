@@ -2,6 +2,7 @@
 
 - greedy token ids through the PD router (prefill and decode on a core each, the KV over Mooncake's TCP
   transport) equal those of one plain SGLang server on the same model and prompts: the KV moved;
+- ``inspect --manifest`` on the live stack: every role's pids, its ``SGLANG_*`` switches and its flags;
 - the decode on the ``fake`` transfer backend (it moves no KV) is caught at the stack's first request, within
   ``target.request_timeout``, as an error naming the decode and the line of its log that says why.
 
@@ -10,6 +11,7 @@ The whole hunt over the example is ``test_sglang_pd_hunt.py`` (``-m stack``).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from typing import Any
 import pytest
 import sglang_pd_stack as pd
 from sglang_stack import start_sglang
+from typer.testing import CliRunner
 
 from speedtrap._errors import ServerError
+from speedtrap.cli import app
 from speedtrap.stack import Launcher, load_stack_manifest
 
 pytestmark = pytest.mark.slow
@@ -47,7 +51,8 @@ def test_the_pd_router_answers_as_one_server_and_a_decode_without_kv_is_caught(
         single_s = time.monotonic() - t0
         url = f"http://127.0.0.1:{server.port}"
         expected = [pd.run_router_request(url, ids, TOKENS)["output_ids"] for ids in PROMPTS]
-    target, patches = load_stack_manifest(_manifest(tmp_path / "pd", model))
+    manifest = _manifest(tmp_path / "pd", model)
+    target, patches = load_stack_manifest(manifest)
     t1 = time.monotonic()
     stack_, launch_s = Launcher(target, patches).start((), tmp_path / "pd" / "t.log")
     with stack_:
@@ -55,6 +60,18 @@ def test_the_pd_router_answers_as_one_server_and_a_decode_without_kv_is_caught(
         t2 = time.monotonic()
         got = [pd.run_router_request(url, ids, TOKENS) for ids in PROMPTS]
         request_s = (time.monotonic() - t2) / len(PROMPTS)
+        inspected = CliRunner().invoke(app, ["inspect", "--manifest", str(manifest), "--json"])
+        print(CliRunner().invoke(app, ["inspect", "--manifest", str(manifest)]).output)
+        pids = stack_.pids()
+    assert inspected.exit_code == 0, inspected.output
+    roles = {r["role"]: r for r in json.loads(inspected.stdout)["roles"]}
+    assert {name: r["guard_pid"] for name, r in roles.items()} == pids  # every role, by the kernel's pids
+    for name, mode in (("prefill", "prefill"), ("decode", "decode")):
+        argv = roles[name]["argv"]
+        assert argv[argv.index("--disaggregation-mode") + 1] == mode and len(roles[name]["processes"]) >= 2
+        assert roles[name]["switches"]["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert roles["prefill"]["switches"]["SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"] == "1"
+    assert "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER" not in roles["decode"]["switches"]
     print(f"single server ready {single_s:.0f} s; PD stack ready {launch_s:.0f} s; a request {request_s:.1f} s")
     assert [g["output_ids"] for g in got] == expected
     assert all(len(g["output_ids"]) == TOKENS for g in got)

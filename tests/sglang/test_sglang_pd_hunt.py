@@ -95,7 +95,7 @@ def test_run_names_the_seeds_commit_with_its_role_as_brute_force_does(tmp_path: 
     assert sorted(culprits) == sorted((n,) for n in harmful), (culprits, harmful)  # each harmful alone: a culprit
     assert watcher.most <= 2, f"{watcher.most} SGLang servers alive at once (a stack is two)"
     assert [r["label"] for r in report["recall"]] and all(r["cells"] for r in report["recall"])  # recall by length
-    assert all({"prefill", "decode"} <= set(d["phases"]) for d in report["divergence"])  # divergence by phase
+    assert all({"prefill", "decode"} <= {p["phase"] for p in d["phases"]} for d in report["divergence"])  # by phase
     assert inspected is not None
     _check_inspect(inspected, manifest)
 
