@@ -18,7 +18,7 @@ from speedtrap._errors import UsageError
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._inspect import SWITCH_PREFIXES, GateState, gate_state
 from speedtrap.stack._manifest import load_stack_manifest
-from speedtrap.stack._running import read_records
+from speedtrap.stack._records import read_records
 
 
 @dataclass(frozen=True)

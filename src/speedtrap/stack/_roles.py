@@ -8,7 +8,8 @@ to. Before a trial is probed, one real request goes through the entry: two roles
 make a stack ready. Any role exiting ends the trial as an error naming the role and its log; the stack is
 stopped in the reverse of its start order. Scratch folders (``{scratch.kv}``) are made fresh for every
 launch: a KV folder left over from another configuration makes a decode read that configuration's KV.
-Launching, waiting and stopping one trial's stack is ``_stack.py``; this module holds the spec.
+Launching, waiting and stopping one trial's stack is ``_running.py`` (why a request failed: ``_diagnose.py``);
+this module holds the spec.
 
 In the manifest::
 

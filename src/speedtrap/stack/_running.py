@@ -6,18 +6,15 @@ switches; :func:`launch_stack` checks that the model roles agree on the settings
 the roles in waves (by ``after``), waits for each wave's health URLs, sends one real request through the
 entry (health alone does not show a working stack), and on any failure stops what it started and raises
 a ServerError naming the role and its log. A running :class:`Stack` writes a launch record per launch
-(``records_dir``) that ``inspect`` reads while the launcher lives (:func:`read_records`), and stops its
+(``_records.py``) that ``inspect`` reads while the launcher lives, and stops its
 roles in the reverse of their start order, removing its scratch folders and its record.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,9 +25,10 @@ from typing import Any
 import httpx
 
 from speedtrap._errors import ManifestError, ServerError
-from speedtrap._redact import redact_argv, redact_env
+from speedtrap._redact import redact_env
 from speedtrap.stack._diagnose import diagnose, error_line, exited, log_sizes, unhealthy
 from speedtrap.stack._launch import LaunchSpec, Server, check_command, free_port, render, start
+from speedtrap.stack._records import write_record
 from speedtrap.stack._roles import RoleSpec, StackSpec, flag_key
 
 _POLL_S = 0.2
@@ -210,39 +208,6 @@ class Stack:
         self.stop()
 
 
-def records_dir(manifest: str) -> Path:
-    """Where the launch records of ``manifest``'s live stacks are kept (one file per launch)."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"speedtrap-{os.getuid()}" / "stacks"
-    return base / hashlib.sha256(manifest.encode()).hexdigest()[:16]
-
-
-def _write_record(stack: Stack) -> None:
-    if not stack.spec.manifest:
-        return
-    folder = records_dir(stack.spec.manifest)
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "manifest": stack.spec.manifest,
-        "launcher": os.getpid(),
-        "roles": [
-            {
-                "role": name,
-                "guard_pid": stack.servers[name].pid,
-                "port": stack.launches[name].port,
-                "ports": dict(stack.launches[name].ports),
-                "log": str(stack.logs[name]),
-                "host": stack.launches[name].role.host,
-                "env": dict(stack.launches[name].recorded_env),
-                "argv": redact_argv(stack.launches[name].spec.argv),
-            }
-            for name in stack.order
-        ],
-    }
-    path = folder / f"{os.getpid()}-{stack.servers[stack.order[0]].pid}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    stack.record = path
-
-
 def launch_stack(
     spec: StackSpec,
     launches: Sequence[RoleLaunch],
@@ -265,7 +230,7 @@ def launch_stack(
                 for name in wave:
                     stack.servers[name] = start(stack.launches[name].spec, logs[name], stack.launches[name].port)
                     stack.order.append(name)
-                _write_record(stack)
+                write_record(stack)
                 _wait_wave(stack, wave, client, deadline, start_timeout)
         if first_request is not None:
             _first_request(stack, first_request, request_timeout or start_timeout)
@@ -375,41 +340,10 @@ def _first_request(stack: Stack, payload: Mapping[str, Any], timeout: float) -> 
     )
 
 
-def read_records(manifest: str) -> list[dict[str, Any]]:
-    """The launch records of ``manifest``'s stacks whose launcher is still running (stale ones removed)."""
-    folder = records_dir(manifest)
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict) or not _alive(int(doc.get("launcher", 0))):
-            with contextlib.suppress(OSError):
-                path.unlink()
-            continue
-        out.append(doc)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 __all__ = [
     "RoleLaunch",
     "Stack",
     "check_agreement",
     "launch_stack",
-    "read_records",
-    "records_dir",
     "stack_launches",
 ]
