@@ -177,7 +177,8 @@ def inspect_stack(manifest_path: Path) -> StackReport:
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
         report.gates = [gate_state(p.name, p.gate, argv, redact_env(env)[0], True) for p in applies]
-        report.argv = redact_argv(_cmdline(leader_pid) or argv)
+        readable = report.leader is not None and report.leader.env_readable
+        report.argv = redact_argv((_cmdline(leader_pid) if readable else []) or argv)  # a retitled leader: as launched
         report.switches = {k: v for k, v in sorted(redact_env(env)[0].items()) if k.startswith(SWITCH_PREFIXES)}
         roles.append(report)
     return StackReport(str(record.get("manifest", "")), int(record.get("launcher", 0)), roles)
