@@ -15,6 +15,12 @@ Roles of a stack (``_roles``): ``TINY_ROLE`` names it; ``TINY_EVENTS`` names a f
 /v1/completions answers one choice, or HTTP 500 with ``TINY_COMPLETIONS_500`` (healthy, yet broken);
 ``TINY_DIE_AFTER`` seconds after it listens, it exits with code 3; ``TINY_CHILD``: it starts a child
 process with an empty environment (as a worker that rewrote its environment block shows in /proc).
+Failures of a stack's role: ``TINY_BREAK_AFTER`` seconds after it listens, its "engine dies" while the
+process stays up (vLLM's API server over a dead engine core): it logs an ``EngineDeadError`` line, /health
+answers 503 and requests 500; ``TINY_DIE_ON_REQUEST``: healthy, it dies (exit 1, an error line in its log) on
+its first POST /v1/completions (SGLang's prefill without its CPU switch); ``TINY_HANG``: its first request
+(/figures or a completion) never gets an answer, and neither does anything after it, /health included.
+``TINY_LINEAGE`` names a file that gets ``ROLE GROUP PID ANCESTORS`` (``TINY_GROUP``: the trial's key).
 """
 
 from __future__ import annotations
@@ -47,10 +53,25 @@ def metric(repeat: int) -> float:
     return value
 
 
+BROKEN_ENGINE = threading.Event()
+STALLED = threading.Event()
+
+
+def stall_if_asked() -> None:
+    if os.environ.get("TINY_HANG"):
+        STALLED.set()
+    if STALLED.is_set():
+        time.sleep(3600)
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlparse(self.path)
-        if url.path == "/health":
+        if STALLED.is_set() or (url.path == "/figures" and os.environ.get("TINY_HANG")):
+            stall_if_asked()
+        if BROKEN_ENGINE.is_set():
+            self._send(503 if url.path == "/health" else 500, {"error": "EngineDeadError"})
+        elif url.path == "/health":
             self._send(503 if os.environ.get("TINY_NEVER_HEALTHY") else 200, {"ok": True})
         elif url.path == "/pid":
             self._send(200, {"pid": os.getpid()})
@@ -68,7 +89,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {})
 
     def do_POST(self) -> None:
-        if urlparse(self.path).path != "/v1/completions":
+        stall_if_asked()
+        if os.environ.get("TINY_DIE_ON_REQUEST"):
+            print("RuntimeError: pin_memory=True requires a CUDA or other accelerator backend", flush=True)
+            os._exit(1)
+        if BROKEN_ENGINE.is_set():
+            self._send(500, {"error": {"message": "EngineDeadError"}})
+        elif urlparse(self.path).path != "/v1/completions":
             self._send(404, {})
         elif os.environ.get("TINY_COMPLETIONS_500"):
             self._send(500, {"error": {"message": "tiny: broken behind a healthy /health"}})
@@ -111,12 +138,27 @@ if __name__ == "__main__":
                 f.write(f"{role} {what} {time.time():.6f} {os.getpid()}\n")
 
     event("start")
+    if os.environ.get("TINY_LINEAGE"):  # "ROLE GROUP PID ANCESTOR,ANCESTOR,...": which process launched it
+        chain, pid = [], os.getppid()
+        while pid > 1:
+            chain.append(str(pid))
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        with open(os.environ["TINY_LINEAGE"], "a") as f:
+            f.write(f"{role} {os.environ.get('TINY_GROUP', '')} {os.getpid()} {','.join(chain)}\n")
     if os.environ.get("TINY_CHILD"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))
     print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
     httpd = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
     event("ready")
+    if os.environ.get("TINY_BREAK_AFTER"):
+
+        def break_engine() -> None:
+            print("tiny: vllm.v1.engine.exceptions.EngineDeadError: the engine core died", flush=True)
+            BROKEN_ENGINE.set()
+
+        threading.Timer(float(os.environ["TINY_BREAK_AFTER"]), break_engine).start()
     if os.environ.get("TINY_DIE_AFTER"):
         threading.Timer(float(os.environ["TINY_DIE_AFTER"]), lambda: os._exit(3)).start()
     httpd.serve_forever()

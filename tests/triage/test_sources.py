@@ -243,3 +243,28 @@ def test_cli_git_range_prints_the_plan(repo: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("# Triage plan: 2 commit(s) base..main")
     assert "`speedtrap triage --range base..main --repo" in result.stdout and "git revert" in result.stdout
+
+
+@needs_git
+def test_a_manifest_whose_tree_links_compiled_files_by_absolute_path(repo: Path, tmp_path: Path) -> None:
+    """The SGLang examples link the wheel's .so files by absolute path: triage reads the tree without them
+    (tarfile's "data" filter refused such a link with a traceback before)."""
+    (repo / "ext.so").symlink_to("/bin/true")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "an extension linked by absolute path")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "net.py").write_text((repo / "net.py").read_text() + "\nFACTOR = 2.0\n")
+    git(repo, "commit", "-q", "-am", "a factor")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    manifest = tmp_path / "speedtrap.toml"
+    manifest.write_text(
+        f'[target]\nlaunch = ["x", "--port", "{{port}}"]\nrepo = "{repo}"\nbase = "{base}"\n\n'
+        f'[[patches]]\nname = "factor"\ncommit = "{head}"\n'
+    )
+    patch_set = from_manifest(manifest, None)
+    try:
+        assert patch_set.tree is not None and (patch_set.tree / "net.py").is_file()
+        assert not (patch_set.tree / "ext.so").exists()
+        assert [p.name for p in patch_set.patches] == ["factor"]
+    finally:
+        patch_set.close()

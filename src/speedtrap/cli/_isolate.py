@@ -108,8 +108,35 @@ def bisect_cmd(
         runner.close()
     if json:
         emit_json({"run_dir": str(directory), **result.to_json()})
-        return
-    _print(result)
+    else:
+        _print(result)
+    hint = inconclusive_hint(result, spec.verdict)
+    if hint:
+        err_console.print(escape(hint), highlight=False)
+        raise typer.Exit(1)
+
+
+def inconclusive_hint(result: object, verdict: object) -> str:
+    """For an inconclusive hunt, what to change (a success it is not: the exit code is 1); else ""."""
+    from speedtrap.isolate import IsolateResult, Status
+
+    assert isinstance(result, IsolateResult)
+    if result.status is not Status.INCONCLUSIVE:
+        return ""
+    metric = str(getattr(verdict, "metric", ""))
+    near = [j for j in result.judgements if j.verdict.value == "inconclusive"]
+    shown = "; ".join(
+        f"{'+'.join(j.config) or '(baseline)'}" + (f": {j.figures[metric]:.4g}" if metric in j.figures else "")
+        for j in near[:4]
+    )
+    repeats = getattr(verdict, "repeats", None)
+    bound = getattr(verdict, "bound", None)
+    return (
+        f"inconclusive: {len(near) or 'some'} verdict(s) the search needed stayed near the bound {bound}"
+        + (f" ({shown})" if shown else "")
+        + f"; raise [verdict] repeats (now {repeats}) so those configurations are measured again, "
+        "or move the bound (--bound) away from where they land"
+    )
 
 
 def _print(result: object) -> None:

@@ -252,6 +252,24 @@ class ServerOracle:
     def _start(self, config: Config, log: Path) -> tuple[Server, float]:
         return self.launcher.start(config, log)
 
+    def backend(self, server: Server, api: Any = None) -> Any:
+        """The probe's client of ``server``. On a stack: ``/tokenize`` asked of a model role where the entry
+        has none (SGLang's router), and a request that outlives ``target.request_timeout`` not retried."""
+        from speedtrap import probe
+
+        model = self.probe.model or self.target.served_model or ""
+        kw: dict[str, Any] = {"api": api or self.probe.api, "watch": server.died}
+        stack = self.target.stack
+        if stack is not None and isinstance(server, Stack):
+            role = stack.model_roles[0] if stack.model_roles else stack.entry.name
+            kw["tokenize_url"] = f"http://127.0.0.1:{server.launches[role].port}"
+            prompt = [r.name for r in stack.roles if r.prompt_logprobs]
+            if prompt and kw["api"] == "sglang":
+                kw["prompt_url"] = f"http://127.0.0.1:{server.launches[prompt[0]].port}"
+            if self.target.request_timeout is not None:
+                kw.update(timeout=self.target.request_timeout, retry_timeouts=False)
+        return probe.HttpBackend(f"http://127.0.0.1:{server.port}", model, **kw)
+
     def reference(self, request: TrialRequest) -> Server:
         if self._reference is None or not self._reference.alive():
             self._reference, _ = self._start((), self._log(request, 1, ".reference"))
@@ -270,9 +288,18 @@ class ServerOracle:
             log = server.log_path  # the entry role's log (each role has its own: trial-N.ROLE.log)
         with server:
             t1 = time.perf_counter()
+            since = server.log_sizes() if isinstance(server, Stack) else None
             try:
                 figures, doc = self._probe(server, request)
             except Exception as exc:
+                if isinstance(server, Stack) and isinstance(exc, (SpeedtrapError, httpx.HTTPError, OSError)):
+                    # a router's HTTP 500 or a hang names no role: the role that exited or stalled, with its log
+                    what = f"the probe failed: {_first_line(exc)}"
+                    found = server.broken(since)
+                    if found is not None:
+                        raise _with_log(ServerError(f"{found.problem} ({what})", found.fix), found.log or log) from None
+                    if "got no answer within" in what:
+                        raise _with_log(server.diagnose(what, since), log) from None
                 died = server.died()
                 if died is not None:
                     raise _with_log(died, died.log or log) from None
@@ -294,17 +321,16 @@ class ServerOracle:
         from speedtrap import probe
 
         settings = self.probe.probe_settings(request.repeat)
-        model = self.probe.model or self.target.served_model or ""
         api: Any = self.probe.api
         if _reference.uses_recording(self.probe):
             return self._against_recording(server, request)
         ref = self.reference(request) if self.probe.kind == "divergence" and request.config else server
 
         async def measure() -> Any:
-            candidate = probe.HttpBackend(base_url, model, api=api, watch=server.died)
+            candidate = self.backend(server, api)
             reference = candidate
             if ref is not server:
-                reference = probe.HttpBackend(f"http://127.0.0.1:{ref.port}", model, api=api, watch=ref.died)
+                reference = self.backend(ref, api)
             try:
                 if self.probe.kind == "recall":
                     return await probe.arun_recall(candidate, settings, progress=False)
@@ -327,9 +353,7 @@ class ServerOracle:
             self.prepare(request.workdir.parent if request.workdir is not None else None)
 
         async def measure() -> Any:
-            model = self.probe.model or self.target.served_model or ""
-            base_url = f"http://127.0.0.1:{server.port}"
-            candidate = probe.HttpBackend(base_url, model, api=self.probe.api, watch=server.died)  # type: ignore[arg-type]
+            candidate = self.backend(server)
             try:
                 await probe.check_identity(self._recording, candidate)
                 return await probe.adivergence_against(self._recording, candidate, progress=False)
@@ -344,6 +368,11 @@ class ServerOracle:
             self._reference.stop()
             self._reference = None
         self.launcher.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = exc.one_line() if isinstance(exc, SpeedtrapError) else f"{type(exc).__name__}: {exc}"
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _with_log(exc: SpeedtrapError, log: Path) -> SpeedtrapError:

@@ -4,6 +4,8 @@
 store: workers return trial records and the driver commits each one as it comes back, so
 ``--resume`` works exactly as with the local executor.
 
+A stack's trial runs whole on one node, its worker in a placement group of one bundle per role (``_ray_place``).
+
 Each worker builds the oracle from its recipe once (an in-process model loads once per worker; a
 divergence reference server starts once per worker) and runs one trial at a time; a worker is an
 actor rather than a task for that reason, and it holds the per-trial resources (``num_gpus``,
@@ -32,6 +34,7 @@ from typing import Any
 
 from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap.isolate._executor import Oracle, OracleRecipe, TrialOutcome, TrialRequest, oracle_recipe, run_trial
+from speedtrap.isolate._ray_place import group_table, remove_group, stack_placement, stack_roles
 
 # What a worker sends back beside the record: files under this size (server logs, probe reports).
 _MAX_FILE_BYTES = 8 << 20
@@ -152,6 +155,7 @@ class _Slot:
     actor: Any
     node: str = ""
     pid: int = 0
+    group: Any = None  # a stack's placement group: one bundle per role, all on one node (STRICT_PACK)
 
 
 class RayExecutor:
@@ -210,6 +214,7 @@ class RayExecutor:
         self.capacity = workers or fits
         self._slots: list[_Slot] = []
         self._recipe = b""  # the oracle's recipe, pickled once per oracle
+        self._roles: tuple[str, ...] = ()  # a stack's roles: each slot is a placement group of one bundle each
         self._oracle: Oracle | None = None  # kept, so that the identity check below cannot be fooled
         self.failovers = 0  # trials moved to a fresh worker after theirs died
         self.moves: list[tuple[str, str]] = []  # (node of the dead worker, node of its replacement)
@@ -226,7 +231,12 @@ class RayExecutor:
         }
         if self.resources.custom:
             options["resources"] = dict(self.resources.custom)
-        if avoid_node:
+        group = None
+        if self._roles:  # a trial's whole stack on one node (preferably not the dead worker's)
+            other = self._other_node(avoid_node) if avoid_node else None
+            group, placed = stack_placement(self.resources, self._roles, other)
+            options.update(placed)
+        elif avoid_node:
             other = self._other_node(avoid_node)
             if other is not None:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -238,7 +248,7 @@ class RayExecutor:
         env.setdefault("OMP_NUM_THREADS", str(max(1, int(self.resources.num_cpus))))
         # Two threads: close() must reach a worker whose trial is still running (to stop its servers).
         actor = ray.remote(_Worker).options(max_concurrency=2, **options).remote(self._recipe, env)
-        return _Slot(actor)
+        return _Slot(actor, group=group)
 
     def _other_node(self, avoid: str) -> str | None:
         need = self.resources.as_dict()
@@ -272,6 +282,7 @@ class RayExecutor:
                     "use the local executor",
                 ) from None
             self._oracle = oracle
+            self._roles = stack_roles(oracle)
         new = [self._new_slot() for _ in range(max(0, wanted - len(self._slots)))]
         self._locate(new)
         self._slots.extend(new)
@@ -339,7 +350,16 @@ class RayExecutor:
         self._locate([new])
         self.moves.append((dead.node, new.node))
         self._slots = [s for s in self._slots if s is not dead] + [new]
+        self._remove_group(dead)
         return new
+
+    def _remove_group(self, slot: _Slot) -> None:
+        remove_group(slot.group)
+        slot.group = None
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Each slot's placement group as Ray reports it: its strategy and the node of each bundle."""
+        return [group_table(s.group) for s in self._slots if s.group is not None]
 
     def _stop_slots(self) -> None:
         ray = self._ray
@@ -350,6 +370,7 @@ class RayExecutor:
         for slot in self._slots:
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor)
+            self._remove_group(slot)
         self._slots = []
 
     def close(self) -> None:

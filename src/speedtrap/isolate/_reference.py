@@ -77,13 +77,11 @@ def record_server(oracle: Any, run_dir: Path | None) -> Any:
     server, _ = oracle._start((), log)
     oracle.recording_launches += 1
     with server:
-        url = f"http://127.0.0.1:{server.port}"
 
         async def go(resume: bool) -> Any:
-            model = oracle.probe.model or oracle.target.served_model or ""
             # the trials' api (e.g. SGLang's /generate, keyed by token id): a recording of the OpenAI endpoints
             # names tokens by text, and a trial keyed by id could not be compared with it
-            backend = probe_pkg.HttpBackend(url, model, api=oracle.probe.api, watch=server.died)
+            backend = oracle.backend(server)
             try:
                 return await probe_pkg.arecord(
                     backend, path, divergence=settings, resume=resume, progress=False, target="baseline configuration"

@@ -104,10 +104,10 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
         assert isinstance(settings, probes.DivergenceSettings)
         baseline = probes.InProcessBackend(model, [])
         return probes.run_divergence(baseline, candidate, settings, progress=False).to_json()
-    from speedtrap.isolate import ProbeSpec, ServerOracle, TrialRequest
+    from speedtrap.isolate import ServerOracle, TrialRequest
 
     manifest = ctx.server_manifest()
-    spec = ProbeSpec(kind=typed.kind, preset=typed.preset, settings=dict(typed.settings))
+    spec = server_probe(ctx, kind)
     oracle = ServerOracle(manifest.target, manifest.patches, spec)
     label = f"{kind}-{patches_slug(config)}"
     try:
@@ -117,6 +117,19 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
     if measurement.report is None:
         raise SpeedtrapError(f"the {kind} probe returned no report", "use a divergence or recall probe")
     return measurement.report
+
+
+def server_probe(ctx: Context, kind: Kind) -> Any:
+    """The ProbeSpec a manifest's server is measured with: this run's probe, asked the way the manifest's
+    ``[probe]`` says (``api``, ``model``): SGLang's ``/generate`` keyed by token id, vLLM's prompt_logprobs.
+    Dropping them measured the evidence through the OpenAI endpoints against a recording keyed by id."""
+    from speedtrap.isolate import ProbeSpec
+
+    typed = ctx.settings.probe(kind)
+    asked = ctx.server_manifest().probe
+    return ProbeSpec(
+        kind=typed.kind, preset=typed.preset, settings=dict(typed.settings), api=asked.api, model=asked.model
+    )
 
 
 def probe(ctx: Context, kind: Kind, label: str, role: str, config: Sequence[str]) -> Part:
@@ -159,7 +172,8 @@ def from_trial_report(
     """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
     (same settings, same seed): no second measurement."""
     mine = ctx.settings.probe("divergence")
-    if spec.probe.identity() != identity(mine):
+    same = server_probe(ctx, "divergence").identity() if not ctx.source.in_process else identity(mine)
+    if spec.probe.identity() != same:
         return None
     wanted = tuple(sorted(config))
     for trial in result.trials:

@@ -33,6 +33,7 @@ from speedtrap.probe._http_parse import (
 Api = Literal["openai", "vllm", "sglang"]
 # Where the caller owns the server process: its error if the process has exited (naming its log), else None.
 Watch = Callable[[], SpeedtrapError | None]
+SGLANG_FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 DEFAULT_TIMEOUT = 600.0  # seconds to wait for an answer: a long prompt on a busy server is slow
 CONTEXT_WORDS = ("context", "too long", "maximum", "exceed")
 AUTO_MODEL = frozenset({"", "default"})  # model names that mean "the first model the server lists"
@@ -117,6 +118,9 @@ class HttpBackend:
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         watch: Watch | None = None,
+        tokenize_url: str | None = None,
+        retry_timeouts: bool = True,
+        prompt_url: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in {"http", "https"} or not parts.netloc:
@@ -144,6 +148,36 @@ class HttpBackend:
         self.adapter: str | None = None  # the LoRA adapter served as ``model`` (its card names a parent)
         self._pieces: dict[str, int | None] = {}  # text piece -> token id, from /tokenize
         self.name = f"{self.base_url}[{model or 'default'}]"
+        # where /tokenize is asked when the server has none (a router in front of model servers); same model
+        self._tokenizer = (
+            HttpBackend(
+                tokenize_url,
+                model,
+                timeout=timeout,
+                retries=retries,
+                backoff=backoff,
+                api_key=api_key,
+                transport=transport,
+            )
+            if tokenize_url
+            else None
+        )
+        self.retry_timeouts = retry_timeouts  # False: a request that times out fails at once (a hung stack)
+        # where the prompt's logprobs are asked (a PD stack's prefill: SGLang's router drops input_top_logprobs)
+        self._prompter = (
+            HttpBackend(
+                prompt_url,
+                model,
+                timeout=timeout,
+                retries=retries,
+                backoff=backoff,
+                api_key=api_key,
+                api=api,
+                transport=transport,
+            )
+            if prompt_url
+            else None
+        )
 
     # -- transport -----------------------------------------------------------------------
 
@@ -205,6 +239,11 @@ class HttpBackend:
                 continue
             except httpx.TimeoutException as exc:
                 last = f"timed out ({type(exc).__name__})"
+                if not self.retry_timeouts:
+                    raise ServerError(
+                        f"{method} {url} got no answer within {self._timeout:g} s",
+                        "a request that hangs is not retried here: find the process that holds it",
+                    ) from None
                 continue
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {_one_line(str(exc), 80)}"
@@ -302,9 +341,12 @@ class HttpBackend:
         return None
 
     async def _tokenize_post(self, payload: dict[str, Any]) -> Any:
-        """POST /tokenize: None where the server has none; a refusal (HTTP 400) is a one-line error."""
+        """POST /tokenize: None where the server has none (nor ``tokenize_url``); HTTP 400 is a one-line error."""
         try:
-            return await self._post("/tokenize", payload, ABSENT)
+            data = await self._post("/tokenize", payload, ABSENT)
+            if data is None and self._tokenizer is not None:
+                data = await self._tokenizer._post("/tokenize", payload, ABSENT)
+            return data
         except Refused as exc:
             if exc.status != 400:
                 raise
@@ -419,6 +461,11 @@ class HttpBackend:
             }
             if self.adapter:  # /generate names no model: the adapter goes as lora_path (io_struct.py:277)
                 payload["lora_path"] = self.adapter
+            if self._prompter is not None:
+                # SGLang's PD prefill asked directly: its fake bootstrap host (disaggregation/utils.py:53, the
+                # one its own warmup sends) lets it finish the request without a decode
+                payload.update(bootstrap_host=SGLANG_FAKE_BOOTSTRAP_HOST, bootstrap_room=0)
+                return parse_sglang_generate(await self._prompter._post("/generate", payload), ids)
             return parse_sglang_generate(await self._post("/generate", payload), ids)
         payload = {
             "model": self.model,
@@ -472,6 +519,9 @@ class HttpBackend:
         pool, self._pool = self._pool, None
         if pool is not None and pool.loop is asyncio.get_running_loop():
             await pool.aclose()
+        for other in (self._tokenizer, self._prompter):
+            if other is not None:
+                await other.aclose()
 
 
 class _Pool:

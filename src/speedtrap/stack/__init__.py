@@ -44,8 +44,9 @@ from speedtrap.stack._manifest import (
     parse_target,
 )
 from speedtrap.stack._plugins import PluginEntry
+from speedtrap.stack._records import read_records, records_dir
 from speedtrap.stack._roles import DEFAULT_HEALTH, STACK_KEYS, RoleSpec, StackSpec
-from speedtrap.stack._running import RoleLaunch, Stack, launch_stack, read_records, records_dir, stack_launches
+from speedtrap.stack._running import RoleLaunch, Stack, launch_stack, stack_launches
 from speedtrap.stack._spec import PatchSpec, TargetSpec
 from speedtrap.stack._worktree import (
     Worktrees,

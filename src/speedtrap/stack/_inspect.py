@@ -30,7 +30,7 @@ class Switched(Protocol):
     def gate(self) -> Gate | None: ...
 
 
-_SWITCH_PREFIXES = (
+SWITCH_PREFIXES = (
     "SGLANG_",
     "VLLM_",
     "SPEEDTRAP_",
@@ -243,7 +243,7 @@ def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], loca
 def switch_like(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that look like an engine's switches (``SGLANG_*``, ``VLLM_*``, ...), and
     ``PYTHONPATH`` (a worktree put first on it runs other code than the installed package)."""
-    return {k: v for k, v in env.items() if k.startswith(_SWITCH_PREFIXES) or k == "PYTHONPATH"}
+    return {k: v for k, v in env.items() if k.startswith(SWITCH_PREFIXES) or k == "PYTHONPATH"}
 
 
 def inspect_process(pid: int, patches: Sequence[Switched], ssh_host: str | None = None) -> InspectReport:

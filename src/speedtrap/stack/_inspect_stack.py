@@ -18,7 +18,7 @@ from speedtrap._errors import UsageError
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._inspect import GateState, gate_state, switch_like
 from speedtrap.stack._manifest import load_stack_manifest
-from speedtrap.stack._running import read_records
+from speedtrap.stack._records import read_records
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class RoleReport:
     processes: list[ProcessState] = field(default_factory=list)  # the leader first, then its descendants
     gates: list[GateState] = field(default_factory=list)
     gates_from: str = ""
-    argv: list[str] = field(default_factory=list)  # as launched, secrets redacted
-    switches: dict[str, str] = field(default_factory=dict)  # switch-like variables and PYTHONPATH (redacted)
+    argv: list[str] = field(default_factory=list)  # the leader's command line (redacted), else the recorded one
+    switches: dict[str, str] = field(default_factory=dict)  # engine switches (SGLANG_*, VLLM_*, ...) it runs with
 
     @property
     def patches_on(self) -> list[str]:
@@ -97,6 +97,14 @@ def _descendants(pid: int) -> list[int]:
         out.append(child)
         todo.extend(_children(child))
     return out
+
+
+def _cmdline(pid: int | None) -> list[str]:
+    try:
+        data = Path(f"/proc/{pid}/cmdline").read_bytes() if pid is not None else b""
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
 
 
 def _name(pid: int) -> str:
@@ -170,6 +178,8 @@ def inspect_stack(manifest_path: Path) -> StackReport:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
         shown = redact_env(env)[0]
         report.gates = [gate_state(p.name, p.gate, argv, shown, True) for p in applies]
-        report.argv, report.switches = redact_argv(argv), switch_like(shown)
+        readable = report.leader is not None and report.leader.env_readable
+        report.argv = redact_argv((_cmdline(leader_pid) if readable else []) or argv)  # a retitled leader: as launched
+        report.switches = dict(sorted(switch_like(shown).items()))  # engine switches and PYTHONPATH
         roles.append(report)
     return StackReport(str(record.get("manifest", "")), int(record.get("launcher", 0)), roles)

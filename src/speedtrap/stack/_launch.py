@@ -65,6 +65,7 @@ class LaunchSpec:
     start_timeout: float = 120.0
     stop_timeout: float = 10.0
     cwd: Path | None = None
+    where: str = "target.launch"  # the manifest key of the launch line (a role's: target.roles.NAME.launch)
 
 
 class Server:
@@ -126,22 +127,22 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _check_command(spec: LaunchSpec) -> None:
+def check_command(spec: LaunchSpec) -> None:
     """A CommandNotFound unless ``argv[0]`` names an executable file (the guard starts it, not us)."""
     program = spec.argv[0] if spec.argv else ""
     local = os.path.join(spec.cwd, program) if spec.cwd is not None and os.sep in program else program
     if shutil.which(local, path=spec.env.get("PATH", os.defpath)) is not None:
         return
     if os.sep in program and os.path.exists(local):
-        raise CommandNotFound(f"target.launch[0]: {program!r} is not executable", "check the path and its permissions")
+        raise CommandNotFound(f"{spec.where}[0]: {program!r} is not executable", "check the path and its permissions")
     raise CommandNotFound(
-        f"target.launch[0]: command {program!r} not found", "give the full path of the server program, or install it"
+        f"{spec.where}[0]: command {program!r} not found", "give the full path of the server program, or install it"
     )
 
 
 def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
     """Start the process (no shell, own session, under the guard), logging to ``log_path``; does not wait."""
-    _check_command(spec)
+    check_command(spec)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-I", str(_GUARD), f"{spec.stop_timeout:g}", *spec.argv]
     with open(log_path, "ab") as log:
@@ -159,7 +160,7 @@ def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
             )
         except OSError as exc:
             raise CommandNotFound(
-                f"target.launch: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"
+                f"{spec.where}: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"
             ) from None
     server = Server(proc, spec, log_path, port)
     _LIVE.add(server)

@@ -22,7 +22,7 @@ from typing import Any
 
 from speedtrap.stack._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.stack._roles import role_switches
-from speedtrap.stack._running import Stack, launch_stack, stack_launches
+from speedtrap.stack._running import RoleLaunch, Stack, launch_stack, preflight, put_first, stack_launches
 from speedtrap.stack._spec import PatchSpec, TargetSpec
 from speedtrap.stack._worktree import Worktrees
 
@@ -41,13 +41,9 @@ class Launcher:
         self._worktrees: Worktrees | None = None
         self._worktrees_lock = threading.Lock()
 
-    def _base_env(self, worktree: Path | None) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
         switches = {key for p in self.patches.values() for key, _ in p.env}
-        env = {k: v for k, v in os.environ.items() if k not in switches}
-        if worktree is not None:
-            first = [str(worktree / d) for d in self.target.pythonpath]
-            env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [env.get("PYTHONPATH", "")])])
-        return env
+        return {k: v for k, v in os.environ.items() if k not in switches}
 
     def launch_spec(self, config: Sequence[str], port: int, extra_env: Mapping[str, str] | None = None) -> LaunchSpec:
         """argv and env for one configuration of a single-process target."""
@@ -56,7 +52,7 @@ class Launcher:
         if worktree is not None:
             values["worktree"] = str(worktree)
         argv = render(self.target.launch, values)
-        env = self._base_env(worktree)
+        env = self._base_env()
         env.update({k: render([v], values)[0] for k, v in self.target.env})
         on = set(config)
         for name in self.order:
@@ -68,48 +64,81 @@ class Launcher:
             for key, value in patch.config:
                 argv += render(self.target.config_args, {"key": key, "value": value})
         _add_extra(env, extra_env, values)
+        put_first(env, worktree, self.target.pythonpath)
         health = render([self.target.health], values)[0]
         cwd = self.target.cwd or worktree  # never the user's checkout: `python -m` imports from the cwd first
         return LaunchSpec(tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, cwd)
+
+    def role_config(self, config: Sequence[str], role: str) -> tuple[str, ...]:
+        """The patches of ``config`` switched on in ``role`` (a split patch's half names its role)."""
+        stack = self.target.stack
+        assert stack is not None
+        return tuple(n for n in config if role in (self.patches[n].roles or stack.model_roles))
+
+    def roles_of(self, config: Sequence[str]) -> tuple[str, ...]:
+        """The roles ``config``'s patches are switched on in, in the stack's order: where a culprit shows (live
+        localize captures these roles; ``glm4_fused_topk_scale@prefill`` -> ``("prefill",)``)."""
+        stack = self.target.stack
+        if stack is None:
+            return (SINGLE_ROLE,)
+        return tuple(r.name for r in stack.roles if self.role_config(config, r.name))
+
+    def stack_launches(
+        self, config: Sequence[str], scratch: Mapping[str, Path], extra_env: Mapping[str, str] | None = None
+    ) -> list[RoleLaunch]:
+        """Every role's launch for ``config``: each role runs the worktree of its own commits (a split commit
+        patch's half is applied in its role only), first on its ``PYTHONPATH`` and its working directory."""
+        stack = self.target.stack
+        assert stack is not None
+        values = {"model": self.target.model or ""}
+        values.update({f"scratch.{name}": str(path) for name, path in scratch.items()})
+        worktrees = {r.name: self.worktree(self.role_config(config, r.name)) for r in stack.roles}
+        patches = [self.patches[n] for n in self.order]
+        common = [(k, render([v], values)[0]) for k, v in self.target.env]
+        common += [(k, v) for k, v in (extra_env or {}).items()]  # {role} filled per role by stack_launches
+        return stack_launches(
+            stack,
+            self._base_env(),
+            common,
+            role_switches(stack, patches, config, self.target.config_args),
+            values,
+            self.target.start_timeout,
+            self.target.stop_timeout,
+            self.target.cwd,
+            worktrees,
+            self.target.pythonpath,
+        )
 
     def start_stack(
         self, config: Sequence[str], log: Path, extra_env: Mapping[str, str] | None = None
     ) -> tuple[Stack, float]:
         """Every role of ``config``'s stack, healthy and answering one real request through the entry.
 
-        Each role logs to ``<log stem>.<role>.log``; scratch folders are made fresh under ``<log stem>.scratch``.
+        Each role logs to ``<log stem>.<role>.log``; scratch folders are made fresh under ``<log stem>.scratch``,
+        only once the launch passed its checks (a refused launch leaves nothing behind).
         """
         stack = self.target.stack
         assert stack is not None
-        values = {"model": self.target.model or ""}
-        worktree = self.worktree(config)
-        if worktree is not None:
-            values["worktree"] = str(worktree)
         stem = log.with_suffix("")
         scratch_root = stem.parent / f"{stem.name}.scratch" if stack.scratch else None
+        scratch = {name: scratch_root / name for name in stack.scratch} if scratch_root is not None else {}
+        launches = self.stack_launches(config, scratch, extra_env)
+        preflight(stack, launches)
         if scratch_root is not None:
             if scratch_root.exists():
                 shutil.rmtree(scratch_root)  # never a folder of an earlier launch: a stale KV hides patches
-            for name in stack.scratch:
-                (scratch_root / name).mkdir(parents=True)
-                values[f"scratch.{name}"] = str(scratch_root / name)
-        patches = [self.patches[n] for n in self.order]
-        common = [(k, render([v], values)[0]) for k, v in self.target.env]
-        common += [(k, v) for k, v in (extra_env or {}).items()]  # {role} filled per role by stack_launches
-        launches = stack_launches(
-            stack,
-            self._base_env(worktree),
-            common,
-            role_switches(stack, patches, config, self.target.config_args),
-            values,
-            self.target.start_timeout,
-            self.target.stop_timeout,
-            self.target.cwd or worktree,
-        )
+            for path in scratch.values():
+                path.mkdir(parents=True)
         logs = {r.name: stem.parent / f"{stem.name}.{r.name}.log" for r in stack.roles}
         request = {"model": self.model, "prompt": FIRST_PROMPT, "max_tokens": 2, "temperature": 0}
         return launch_stack(
-            stack, launches, logs, scratch_root, self.target.start_timeout, request if stack.first_request else None
+            stack,
+            launches,
+            logs,
+            scratch_root,
+            self.target.start_timeout,
+            request if stack.first_request else None,
+            self.target.request_timeout,
         )
 
     def start(

@@ -8,7 +8,8 @@ to. Before a trial is probed, one real request goes through the entry: two roles
 make a stack ready. Any role exiting ends the trial as an error naming the role and its log; the stack is
 stopped in the reverse of its start order. Scratch folders (``{scratch.kv}``) are made fresh for every
 launch: a KV folder left over from another configuration makes a decode read that configuration's KV.
-Launching, waiting and stopping one trial's stack is ``_stack.py``; this module holds the spec.
+Launching, waiting and stopping one trial's stack is ``_running.py`` (why a request failed: ``_diagnose.py``);
+this module holds the spec.
 
 In the manifest::
 
@@ -42,7 +43,7 @@ from speedtrap._fields import no_unknown, str_list, str_table
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._launch import render
 
-ROLE_KEYS = {"launch", "env", "health", "ports", "after", "host", "entry", "runs_model"}
+ROLE_KEYS = {"launch", "env", "health", "ports", "after", "host", "entry", "runs_model", "prompt_logprobs"}
 STACK_KEYS = {"roles", "scratch", "agree", "first_request"}
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
 _POLL_S = 0.2
@@ -62,9 +63,11 @@ class RoleSpec:
     host: str | None = None  # None: this machine
     entry: bool = False
     runs_model: bool = True
+    prompt_logprobs: bool = False  # the probe asks the prompt's logprobs of this role directly (a PD prefill)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"prompt_logprobs": True} if self.prompt_logprobs else {}),  # left out when false: identities hold
             "name": self.name,
             "launch": redact_argv(self.launch),
             "env": redact_env(dict(self.env))[0],
@@ -159,6 +162,12 @@ def parse_stack(raw: Mapping[str, Any], manifest: Path | None) -> StackSpec | No
                     f"choose from: {', '.join(names)}",
                 )
     _check_acyclic(roles)
+    prompt = [r.name for r in roles if r.prompt_logprobs]
+    if len(prompt) > 1:
+        raise ManifestError(
+            f"target.roles: prompt_logprobs is set on {', '.join(prompt)}; the prompt's logprobs come from one role",
+            "keep prompt_logprobs = true on the prefill only",
+        )
     scratch = tuple(str_list(raw.get("scratch", []), "target.scratch"))
     for s in scratch:
         if not s or not set(s) <= _NAME_OK:
@@ -227,7 +236,7 @@ def _role(name: str, raw: Any) -> RoleSpec:
     host = raw.get("host")
     if host is not None and (not isinstance(host, str) or not host.strip() or host.startswith("-")):
         raise ManifestError(f"{where}.host must be a host name", 'write host = "gpu-node-2", or drop it (this machine)')
-    for key in ("entry", "runs_model"):
+    for key in ("entry", "runs_model", "prompt_logprobs"):
         if key in raw and not isinstance(raw[key], bool):
             raise ManifestError(f"{where}.{key} must be true or false", f"write {key} = true")
     return RoleSpec(
@@ -240,6 +249,7 @@ def _role(name: str, raw: Any) -> RoleSpec:
         None if host in (None, "local", "localhost") else str(host),
         bool(raw.get("entry", False)),
         bool(raw.get("runs_model", True)),
+        bool(raw.get("prompt_logprobs", False)),
     )
 
 
@@ -277,6 +287,13 @@ def patch_roles(stack: StackSpec | None, name: str, roles: Sequence[str], where:
     return tuple(roles) if roles else stack.model_roles
 
 
+def flag_key(arg: str) -> str | None:
+    """A launch flag's name spelled one way (``--a_b``, ``--a-b`` and ``--a-b=v`` are all ``--a-b``), or None."""
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
 def agree_conflict(
     stack: StackSpec, patch: str, roles: Sequence[str], env: Mapping[str, str], args: Sequence[str]
 ) -> str | None:
@@ -286,7 +303,7 @@ def agree_conflict(
     if not on or on == model:
         return None
     for key in stack.agree:
-        touched = key in env if not key.startswith("-") else any(a == key or a.startswith(key + "=") for a in args)
+        touched = key in env if not key.startswith("-") else any(flag_key(a) == flag_key(key) for a in args)
         if touched:
             rest = ", ".join(sorted(model - on))
             return (
@@ -318,6 +335,7 @@ __all__ = [
     "RoleSpec",
     "StackSpec",
     "agree_conflict",
+    "flag_key",
     "parse_stack",
     "patch_roles",
     "role_switches",

@@ -6,18 +6,16 @@ switches; :func:`launch_stack` checks that the model roles agree on the settings
 the roles in waves (by ``after``), waits for each wave's health URLs, sends one real request through the
 entry (health alone does not show a working stack), and on any failure stops what it started and raises
 a ServerError naming the role and its log. A running :class:`Stack` writes a launch record per launch
-(``records_dir``) that ``inspect`` reads while the launcher lives (:func:`read_records`), and stops its
+(``_records.py``) that ``inspect`` reads while the launcher lives, and stops its
 roles in the reverse of their start order, removing its scratch folders and its record.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
-import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,9 +25,11 @@ from typing import Any
 import httpx
 
 from speedtrap._errors import ManifestError, ServerError
-from speedtrap._redact import redact_argv, redact_env
-from speedtrap.stack._launch import LaunchSpec, Server, free_port, render, start
-from speedtrap.stack._roles import RoleSpec, StackSpec
+from speedtrap._redact import redact_env
+from speedtrap.stack._diagnose import diagnose, error_line, exited, log_sizes, unhealthy
+from speedtrap.stack._launch import LaunchSpec, Server, check_command, free_port, render, start
+from speedtrap.stack._records import write_record
+from speedtrap.stack._roles import RoleSpec, StackSpec, flag_key
 
 _POLL_S = 0.2
 
@@ -46,15 +46,19 @@ class RoleLaunch:
 
 
 def setting(key: str, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """The value of an agree key in one role's launch: a flag's last value, or an env var's."""
+    """The value of an agree key in one role's launch: a flag's last value (any spelling), or an env var's."""
     if not key.startswith("-"):
         return env.get(key)
+    want = flag_key(key)
     value = None
     for i, a in enumerate(argv):
-        if a == key:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-        elif a.startswith(key + "="):
+        if flag_key(a) != want:
+            continue
+        if "=" in a:
             value = a.split("=", 1)[1]
+        else:
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            value = "" if nxt.startswith("--") else nxt  # a bare switch (--enforce-eager) is set, valueless
     return value
 
 
@@ -71,6 +75,29 @@ def check_agreement(stack: StackSpec, launches: Sequence[RoleLaunch]) -> None:
             )
 
 
+def preflight(stack: StackSpec, launches: Sequence[RoleLaunch]) -> None:
+    """What refuses a launch before anything of it exists: a disagreement, a role on another host, a missing
+    program (named by its role's key: ``target.roles.decode.launch[0]``)."""
+    check_agreement(stack, launches)
+    for rl in launches:
+        if rl.role.host is not None:
+            raise ManifestError(
+                f"target.roles.{rl.role.name}.host = {rl.role.host!r}: launching a role on another host is not "
+                "supported (inspect reads it there over ssh)",
+                'run speedtrap on that host, or use executor = "ray" to place the whole stack on one worker',
+            )
+    for rl in launches:
+        check_command(rl.spec)
+
+
+def put_first(env: dict[str, str], worktree: Path | None, folders: Sequence[str]) -> None:
+    """The worktree's folders first on ``PYTHONPATH`` (after the target's own env, which may set it too)."""
+    if worktree is None:
+        return
+    first = [str(worktree / d) for d in folders]
+    env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [env.get("PYTHONPATH", "")])])
+
+
 def stack_launches(
     stack: StackSpec,
     base_argv_env: Mapping[str, str],
@@ -80,8 +107,14 @@ def stack_launches(
     start_timeout: float,
     stop_timeout: float,
     cwd: Path | None,
+    worktrees: Mapping[str, Path | None] | None = None,
+    pythonpath: Sequence[str] = (".",),
 ) -> list[RoleLaunch]:
-    """Every role's launch for one configuration: free ports picked, placeholders filled, switches added."""
+    """Every role's launch for one configuration: free ports picked, placeholders filled, switches added.
+
+    ``worktrees``: each role's worktree (its commits), put first on its ``PYTHONPATH`` and its working
+    directory unless ``cwd`` is given; ``{worktree}`` in its launch is that path.
+    """
     ports = {r.name: free_port() for r in stack.roles}
     extra = {r.name: {p: free_port() for p in r.ports} for r in stack.roles}
     shared = dict(values)
@@ -91,8 +124,11 @@ def stack_launches(
             shared[f"{r.name}.port.{p}"] = str(n)
     out = []
     for r in stack.roles:
+        worktree = (worktrees or {}).get(r.name)
         own = {**shared, "port": str(ports[r.name]), "role": r.name}
         own |= {f"port.{p}": str(n) for p, n in extra[r.name].items()}
+        if worktree is not None:
+            own["worktree"] = str(worktree)
         env = dict(base_argv_env)
         recorded: dict[str, str] = {}
         for k, v in [*common_env, *r.env]:
@@ -101,9 +137,11 @@ def stack_launches(
         patch_env, patch_args = role_switches.get(r.name, ({}, []))
         env.update(patch_env)
         recorded.update(patch_env)
+        put_first(env, worktree, pythonpath)
         argv = render(r.launch, own) + list(patch_args)
         health = render([r.health], own)[0]
-        spec = LaunchSpec(tuple(argv), env, health, start_timeout, stop_timeout, cwd)
+        where = f"target.roles.{r.name}.launch"
+        spec = LaunchSpec(tuple(argv), env, health, start_timeout, stop_timeout, cwd or worktree, where)
         out.append(RoleLaunch(r, spec, ports[r.name], extra[r.name], redact_env(recorded)[0]))
     return out
 
@@ -136,16 +174,20 @@ class Stack:
         return bool(self.servers) and all(s.alive() for s in self.servers.values())
 
     def died(self) -> ServerError | None:
-        for name in self.order:
-            server = self.servers[name]
-            code = server.proc.poll()
-            if code is not None:
-                how = f"signal {-code}" if code < 0 else f"code {code}"
-                return ServerError(
-                    f"role {name!r} of the stack exited ({how}); read its log: {server.log_path}",
-                    "check that role's log; any role exiting ends the trial as an error, never a pass",
-                ).with_log(server.log_path)  # type: ignore[return-value]
-        return None
+        """The first role that exited, named with its exit code and its log's error line; None while all run."""
+        return exited(self)
+
+    def diagnose(self, problem: str, since: Mapping[str, int] | None = None) -> ServerError:
+        """The error for a request through the entry that failed with ``problem``: the role that exited or
+        stalled, with its log line (``since``: each role's log size when the request began)."""
+        return diagnose(self, problem, since)
+
+    def broken(self, since: Mapping[str, int] | None = None) -> ServerError | None:
+        """The role that exited, else one that fails its health URL, with its log line; None if all look fine."""
+        return exited(self, since) or unhealthy(self, since)
+
+    def log_sizes(self) -> dict[str, int]:
+        return log_sizes(self.logs)
 
     def stop(self) -> int | None:
         """Stop the roles in the reverse of their start order (each: SIGTERM to its group, then SIGKILL)."""
@@ -166,49 +208,6 @@ class Stack:
         self.stop()
 
 
-def records_dir(manifest: str) -> Path:
-    """Where the launch records of ``manifest``'s live stacks are kept (one file per launch)."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"speedtrap-{os.getuid()}" / "stacks"
-    return base / hashlib.sha256(manifest.encode()).hexdigest()[:16]
-
-
-def _write_record(stack: Stack) -> None:
-    if not stack.spec.manifest:
-        return
-    folder = records_dir(stack.spec.manifest)
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "manifest": stack.spec.manifest,
-        "launcher": os.getpid(),
-        "roles": [
-            {
-                "role": name,
-                "guard_pid": stack.servers[name].pid,
-                "port": stack.launches[name].port,
-                "ports": dict(stack.launches[name].ports),
-                "log": str(stack.logs[name]),
-                "host": stack.launches[name].role.host,
-                "env": dict(stack.launches[name].recorded_env),
-                "argv": redact_argv(stack.launches[name].spec.argv),
-            }
-            for name in stack.order
-        ],
-    }
-    path = folder / f"{os.getpid()}-{stack.servers[stack.order[0]].pid}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    stack.record = path
-
-
-def _log_sizes(stack: Stack) -> dict[str, int]:
-    out = {}
-    for name, path in stack.logs.items():
-        try:
-            out[name] = path.stat().st_size
-        except OSError:
-            out[name] = 0
-    return out
-
-
 def launch_stack(
     spec: StackSpec,
     launches: Sequence[RoleLaunch],
@@ -216,19 +215,13 @@ def launch_stack(
     scratch: Path | None,
     start_timeout: float,
     first_request: Mapping[str, Any] | None,
+    request_timeout: float | None = None,
 ) -> tuple[Stack, float]:
     """Start every role (in waves, by ``after``), wait until all are healthy, then one real request.
 
     Any failure stops what was started and raises a ServerError naming the role and its log.
     """
-    check_agreement(spec, launches)
-    for rl in launches:
-        if rl.role.host is not None:
-            raise ManifestError(
-                f"target.roles.{rl.role.name}.host = {rl.role.host!r}: launching a role on another host is not "
-                "supported (inspect reads it there over ssh)",
-                'run speedtrap on that host, or use executor = "ray" to place the whole stack on one worker',
-            )
+    preflight(spec, launches)
     stack = Stack(spec, launches, logs, scratch)
     deadline = time.monotonic() + start_timeout
     try:
@@ -237,10 +230,10 @@ def launch_stack(
                 for name in wave:
                     stack.servers[name] = start(stack.launches[name].spec, logs[name], stack.launches[name].port)
                     stack.order.append(name)
-                _write_record(stack)
+                write_record(stack)
                 _wait_wave(stack, wave, client, deadline, start_timeout)
         if first_request is not None:
-            _first_request(stack, first_request, start_timeout)
+            _first_request(stack, first_request, request_timeout or start_timeout)
     except BaseException:
         stack.stop()
         raise
@@ -254,11 +247,13 @@ def _wait_wave(stack: Stack, wave: Sequence[str], client: httpx.Client, deadline
         died = stack.died()
         if died is not None:
             name = next(n for n in stack.order if stack.servers[n].proc.poll() is not None)
+            line = error_line(stack.logs[name])
             raise ServerError(
-                f"role {name!r} exited (code {stack.servers[name].proc.returncode}) before the stack became healthy; "
-                f"read its log: {stack.logs[name]}",
+                f"role {name!r} exited (code {stack.servers[name].proc.returncode}) before the stack became healthy"
+                f"{': ' + line if line else ''}; read its log: {stack.logs[name]}",
                 "fix that role's launch or the patch's switches on it; its log says why it stopped",
-            ).with_log(stack.logs[name])
+                log=stack.logs[name],
+            )
         for name in list(pending):
             try:
                 response = client.get(stack.launches[name].spec.health_url)
@@ -280,68 +275,69 @@ def _wait_wave(stack: Stack, wave: Sequence[str], client: httpx.Client, deadline
 
 
 def _first_request(stack: Stack, payload: Mapping[str, Any], timeout: float) -> None:
-    """One real completion through the entry; on failure, the error names the entry and the roles that logged."""
-    entry = stack.spec.entry.name
+    """One real completion through the entry, watched: a role that exits meanwhile ends it at once, and one
+    that takes longer than ``timeout`` is an error naming the role that exited or stalled, with its log line."""
     url = f"http://127.0.0.1:{stack.port}/v1/completions"
-    before = _log_sizes(stack)
+    before = stack.log_sizes()
+    answer: list[httpx.Response | BaseException] = []
+
+    def send() -> None:
+        try:
+            with httpx.Client(timeout=timeout, trust_env=False) as client:
+                answer.append(client.post(url, json=dict(payload)))
+        except BaseException as exc:  # handed to the waiting thread
+            answer.append(exc)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline and stack.died() is None:
+        thread.join(_POLL_S)
+    entry = stack.spec.entry.name
+    what = f"the first request through the entry role {entry!r}"
+    if not answer:
+        time.sleep(0.5)  # let the roles' logs catch up
+        if stack.died() is not None:
+            raise stack.diagnose(f"{what} was pending when it exited", before)
+        raise stack.diagnose(f"{what} got no answer within {timeout:g} s (target.request_timeout)", before)
+    got = answer[0]
     problem = ""
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
-            response = client.post(url, json=dict(payload))
-        if response.status_code != 200:
-            problem = f"HTTP {response.status_code}: {response.text.strip()[:160]}"
-        else:
-            data = response.json()
-            if not isinstance(data, dict) or not data.get("choices"):
-                problem = "the answer has no choices"
-    except (httpx.HTTPError, ValueError) as exc:
-        problem = f"{type(exc).__name__}: {exc}"
+    if isinstance(got, BaseException):
+        problem = f"{type(got).__name__}: {got}"
+    elif got.status_code != 200:
+        problem = f"HTTP {got.status_code}: {got.text.strip()[:160]}"
+    else:
+        try:
+            data = got.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not data.get("choices"):
+            problem = "the answer has no choices"
     if not problem:
         return
     time.sleep(0.5)  # let the roles' logs catch up
-    after = _log_sizes(stack)
-    died = stack.died()
-    grew = [n for n in stack.order if after[n] > before[n] and n != entry]
+    broke = exited(stack, before) or unhealthy(stack, before)
+    if broke is not None:
+        raise ServerError(
+            f"every role of the stack answered its health check, but {what} failed ({problem}): {broke.problem}",
+            broke.fix,
+            log=broke.log,
+        )
+    now = stack.log_sizes()
+    grew = [n for n in stack.order if now[n] > before[n] and n != entry]
     where = (
-        f"; roles that wrote to their log meanwhile: {', '.join(f'{n} ({stack.logs[n]})' for n in grew)}"
+        "; roles that wrote to their log meanwhile: "
+        + "; ".join(f"{n} ({stack.logs[n]}{': ' + line if (line := error_line(stack.logs[n], before[n])) else ''})"
+                    for n in grew)
         if grew
         else ""
-    )
+    )  # fmt: skip
     logs = ", ".join(f"{n}: {stack.logs[n]}" for n in stack.order)
     raise ServerError(
-        f"every role of the stack answered its health check, but the first request through the entry role "
-        f"{entry!r} failed ({problem}){where}" + (f"; {died.problem}" if died is not None else "") + f". Logs: {logs}",
+        f"every role of the stack answered its health check, but {what} failed ({problem}){where}. Logs: {logs}",
         "health alone does not show a working stack: read those logs (a mismatch between roles shows there)",
-    ).with_log(stack.logs[(grew or [entry])[0]])
-
-
-def read_records(manifest: str) -> list[dict[str, Any]]:
-    """The launch records of ``manifest``'s stacks whose launcher is still running (stale ones removed)."""
-    folder = records_dir(manifest)
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict) or not _alive(int(doc.get("launcher", 0))):
-            with contextlib.suppress(OSError):
-                path.unlink()
-            continue
-        out.append(doc)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        log=stack.logs[(grew or [entry])[0]],
+    )
 
 
 __all__ = [
@@ -349,7 +345,5 @@ __all__ = [
     "Stack",
     "check_agreement",
     "launch_stack",
-    "read_records",
-    "records_dir",
     "stack_launches",
 ]

@@ -86,6 +86,7 @@ class TargetSpec:
     config_args: tuple[str, ...] = ("--set", "{key}={value}")
     retries: int = 1
     cwd: Path | None = None
+    request_timeout: float | None = None  # one request's limit (None: the probe's 600 s; the first: start_timeout)
     repo: Path | None = None  # commit patches: the stack's git checkout (only read)
     base: str | None = None  # commit patches: the commit they apply to (resolved: a full sha)
     pythonpath: tuple[str, ...] = (".",)  # commit patches: worktree folders put first on PYTHONPATH
@@ -126,6 +127,8 @@ class TargetSpec:
             retries=self.retries,
             cwd=str(self.cwd) if self.cwd else None,
         )
+        if self.request_timeout is not None:
+            out["request_timeout"] = self.request_timeout
         if self.repo is not None:
             out.update(repo=str(self.repo), base=self.base, pythonpath=list(self.pythonpath))
         if self.stack is not None:

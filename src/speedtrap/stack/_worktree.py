@@ -60,7 +60,7 @@ def resolve_commits_in(
             continue
         shas = resolve_commits(hist, p.commit, f"patches[{i}].commit")
         for sha in shas:
-            if sha in owner:
+            if sha in owner and _whole(owner[sha]) != _whole(p.name):  # a split patch's halves share them
                 raise ManifestError(
                     f"patches[{i}].commit: commit {sha[:12]} is also in patch {owner[sha]!r}", "list each commit once"
                 )
@@ -69,6 +69,11 @@ def resolve_commits_in(
         summary = p.summary or "; ".join(hist.subjects[s] for s in shas)
         out.append(dataclasses.replace(p, commits=shas, commit_rank=ranks, summary=summary))
     return top, base_sha, tuple(out)
+
+
+def _whole(name: str) -> str:
+    """A split patch's name without its role (``x@prefill`` -> ``x``)."""
+    return name.split("@", 1)[0]
 
 
 def commit_target_fields(raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
@@ -97,7 +102,8 @@ def commit_order(patches: Sequence[PatchSpec], config: Iterable[str]) -> tuple[s
         if p.name in chosen:
             ranks = p.commit_rank or tuple(range(len(p.commits)))
             pairs.extend((rank, i, sha) for rank, sha in zip(ranks, p.commits, strict=True))
-    return tuple(sha for _, _, sha in sorted(pairs))
+    # a split patch's halves (name@prefill, name@decode) hold the same commits: each is applied once
+    return tuple(dict.fromkeys(sha for _, _, sha in sorted(pairs)))
 
 
 class Worktrees:

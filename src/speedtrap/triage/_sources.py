@@ -194,7 +194,10 @@ def _archive(repo: Path, rev: str) -> tempfile.TemporaryDirectory[str]:
     tmp = tempfile.TemporaryDirectory(prefix="speedtrap-tree-")
     data = _git(repo, "archive", "--format=tar", rev, binary=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(tmp.name, filter="data")
+        # links are left out: triage reads source text, and a tree may link compiled extensions by absolute
+        # path (the SGLang example links the wheel's .so files), which the "data" filter refuses
+        files = [m for m in tar.getmembers() if not (m.issym() or m.islnk())]
+        tar.extractall(tmp.name, members=files, filter="data")
     return tmp
 
 
