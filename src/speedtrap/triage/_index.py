@@ -79,6 +79,12 @@ _BINARY_SUFFIXES = {
 _MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
+def _inside(root: str, path: str) -> bool:
+    """Whether ``path``, its links followed, stays inside the tree ``root`` (a resolved path)."""
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
 @dataclass
 class _Store:
     root: Path
@@ -118,6 +124,8 @@ class SourceIndex:
             for name in sorted(filenames):
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                 suffix = os.path.splitext(name)[1].lower()
+                if os.path.islink(os.path.join(dirpath, name)) and not _inside(root, os.path.join(dirpath, name)):
+                    continue  # a link out of the tree (a compiled .so linked from a venv): not this tree's source
                 if suffix == ".py":
                     store.py.append(rel)
                 elif suffix not in _BINARY_SUFFIXES:
@@ -140,7 +148,8 @@ class SourceIndex:
     def exists(self, rel: str) -> bool:
         if rel in self.overlay:
             return self.overlay[rel] is not None
-        return (self.root / rel).is_file()
+        path = self.root / rel
+        return path.is_file() and _inside(str(self.root), str(path))
 
     def raw(self, rel: str) -> bytes | None:
         if rel in self.overlay:
@@ -151,7 +160,8 @@ class SourceIndex:
             path = self.root / rel
             data: bytes | None
             try:
-                data = path.read_bytes() if path.stat().st_size <= _MAX_FILE_BYTES else None
+                small = _inside(str(self.root), str(path)) and path.stat().st_size <= _MAX_FILE_BYTES
+                data = path.read_bytes() if small else None
             except OSError:
                 data = None
             if data is not None and b"\x00" in data[:8192]:

@@ -194,8 +194,17 @@ def _archive(repo: Path, rev: str) -> tempfile.TemporaryDirectory[str]:
     tmp = tempfile.TemporaryDirectory(prefix="speedtrap-tree-")
     data = _git(repo, "archive", "--format=tar", rev, binary=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(tmp.name, filter="data")
+        tar.extractall(tmp.name, filter=_inside_only)
     return tmp
+
+
+def _inside_only(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """The ``data`` filter, except that a link it refuses (to an absolute path, or out of the tree: a repository
+    linking compiled ``.so`` files into a venv) is left out instead of failing the whole export."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
+        return None
 
 
 def target_patch_inputs(name: str, patches: Sequence[str] = ()) -> tuple[list[PatchInput], Path]:
