@@ -10,7 +10,7 @@ from _triage_one import changed_lines, triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage._cargs import (
+from speedtrap.triage.cfamily.statements import (
     argument_changes,
     calls,
     is_identity,
@@ -18,7 +18,7 @@ from speedtrap.triage._cargs import (
     precision_changes,
     statements,
 )
-from speedtrap.triage._ctokens import tokens, tokens_at
+from speedtrap.triage.cfamily.tokens import tokens, tokens_at
 
 SOURCE = """\
 #include "llama-graph.h"

@@ -12,8 +12,8 @@ import pytest
 from _triage_one import triage_one_report
 
 from speedtrap.triage import PatchReport
-from speedtrap.triage._collapse import _conditionals
-from speedtrap.triage._ctokens import tokens_at
+from speedtrap.triage.cfamily.selection_collapsed import _conditionals
+from speedtrap.triage.cfamily.tokens import tokens_at
 
 SHIFT = """\
 ggml_tensor * llama_kv_cache_unified::build_rope_shift(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from _triage_one import changed_lines, triage_one_file
 
-from speedtrap.triage._cswitch import case_moves
+from speedtrap.triage.cfamily.case_moved import case_moves
 
 SOURCE = """\
 #include "llama-model.h"

@@ -21,9 +21,9 @@ from speedtrap._errors import ManifestError, UsageError
 from speedtrap.cli import app
 from speedtrap.spec import Platform
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._platcond import Conditions
-from speedtrap.triage._platform import line_block
-from speedtrap.triage._pyast import parse_module
+from speedtrap.triage.platform.conditions import Conditions
+from speedtrap.triage.platform.placement import line_block
+from speedtrap.triage.source.pyast import parse_module
 
 # -- SGLang's shape: module-level aliases of utils' predicates, a custom op dispatching on them ---------
 
@@ -395,7 +395,7 @@ def test_the_model_and_the_platform_demote_one_tier_together(
     assert triage(from_diff_files([d], sgl)).patches[0].tier == 2
     import dataclasses
 
-    from speedtrap.triage import _run
+    from speedtrap.triage.ranking import run as _run
 
     real_rank = _run.rank
     # ranked tier 1 (as a risky pattern would be), so two demotions would show as tier 3

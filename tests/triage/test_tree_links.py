@@ -24,6 +24,10 @@ NET = textwrap.dedent(
 
 
     class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale_factor = 2.0
+
         def forward(self, x):
             return x.float() @ x.float().T
     """
@@ -84,6 +88,6 @@ def test_a_tree_directory_with_links_out_is_read_without_following_them(tmp_path
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["trace"]["sites"] == []
-    inside = CliRunner().invoke(app, ["triage", "--tree", str(repo), "--symbol", "forward", "--json"])
+    inside = CliRunner().invoke(app, ["triage", "--tree", str(repo), "--symbol", "scale_factor", "--json"])
     files = {s["file"] for s in json.loads(inside.stdout)["trace"]["sites"]}
     assert files == {"pkg/net.py", "pkg/alias.py"}  # the link inside the tree is kept
