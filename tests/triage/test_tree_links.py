@@ -83,9 +83,7 @@ def test_triage_manifest_on_a_repo_with_links_out_of_the_tree(tmp_path: Path) ->
 
 def test_a_tree_directory_with_links_out_is_read_without_following_them(tmp_path: Path) -> None:
     repo, _, _ = _repo_with_links(tmp_path)
-    result = CliRunner().invoke(
-        app, ["triage", "--tree", str(repo), "--symbol", "outside_the_tree_marker", "--json"]
-    )
+    result = CliRunner().invoke(app, ["triage", "--tree", str(repo), "--symbol", "outside_the_tree_marker", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["trace"]["sites"] == []
     inside = CliRunner().invoke(app, ["triage", "--tree", str(repo), "--symbol", "scale_factor", "--json"])

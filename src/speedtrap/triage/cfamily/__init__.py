@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from speedtrap.triage.cfamily.case_moved import case_moves
 from speedtrap.triage.cfamily.hot_loop import c_hot_path
+from speedtrap.triage.cfamily.precision_request import precision_changes
+from speedtrap.triage.cfamily.scale_argument import argument_changes
 from speedtrap.triage.cfamily.selection_collapsed import c_collapses
-from speedtrap.triage.cfamily.statements import argument_changes, precision_changes
 from speedtrap.triage.cfamily.switch_unset import switches_unset
 from speedtrap.triage.cfamily.tokens import C_FAMILY, inert_c
 

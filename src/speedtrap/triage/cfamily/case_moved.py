@@ -3,6 +3,11 @@ label moved from one group of cases to another
 (``case LLM_ARCH_X:`` taken out of the cases that ``return A`` and put among those that ``return B``).
 The key still matches, but it now selects another value or another branch: a selection change, named
 with both outcomes.
+
+Catches::
+
+    case LLM_ARCH_PLAMO:   (from the LLAMA_ROPE_TYPE_NEOX cases to the NORM ones)
+
 """
 
 from __future__ import annotations

@@ -1,31 +1,24 @@
-"""Call arguments in C-family code, read on the token stream (``_ctokens``): an identity literal
-(``1.0f``, ``1.0``, ``1``) replacing a scale-like expression at a call argument, or the reverse::
-
-    build_attn(inp, wo, NULL, Q, K, V, NULL, NULL, 1.0f/sqrtf(float(d)), il)
-    build_attn(inp, wo, NULL, Q, K, V, NULL, NULL, 1.0f, il)
+"""C-family code read on the token stream (``tokens``) as statements and calls, for the C-family rules.
 
 Statements are token runs ended by ``;``, ``{`` or ``}`` outside brackets (and by a directive's line
 end). The statements the diff touches in the old and the new file are paired in order; inside a
-pair, calls are matched by callee name, occurrence and number of arguments, and compared argument
-by argument. Only a change between an identity literal and a scale-like expression (a product or
-quotient, a root, a power, an exponential, or a name such as ``kq_scale``) is reported: other
-argument changes stay "changes computation" without a pattern.
-"""
+pair, calls are matched by callee name, occurrence and number of arguments, so the rules compare them
+argument by argument (``scale_argument``) or statement by statement (``precision_request``,
+``case_moved``, ``switch_unset``)."""
 
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass
 
 from speedtrap.triage.cfamily.tokens import tokens_at
 
 Token = tuple[str, int]  # (text, line)
 
-_IDENTITY = re.compile(r"^(?:1|1[uU]?[lL]{0,2}|1\.0*[fFlL]?|1\.0*e[+-]?0+[fFlL]?)$")
-_SCALE_WORD = re.compile(r"scal|factor|coef|multiplier|gamma|alpha|temperature", re.I)
-_SCALE_CALL = {"sqrt", "sqrtf", "rsqrt", "rsqrtf", "pow", "powf", "exp", "expf", "exp2f", "ldexpf", "ldexp"}
+
 NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "alignof", "decltype", "catch", "static_assert"}
+
+
 _OPEN, _CLOSE = {"(", "[", "{"}, {")", "]", "}"}
 
 
@@ -38,30 +31,6 @@ class Call:
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.name, self.nth, len(self.args))
-
-
-@dataclass(frozen=True)
-class ArgChange:
-    callee: str
-    index: int  # 0-based argument position
-    before: str
-    after: str
-    old_line: int
-    new_line: int
-    change: str  # "factor replaced by identity" or "identity literal replaced"
-
-    @property
-    def summary(self) -> str:
-        slot = f"{self.callee}(argument {self.index + 1})"
-        if self.change == "factor replaced by identity":
-            return (
-                f"replaces the scale-like argument `{self.before}` by the identity `{self.after}` at {slot}: "
-                "if that argument scales, the scale is no longer applied there"
-            )
-        return (
-            f"replaces the identity `{self.before}` by the scale-like `{self.after}` at {slot}: "
-            "if that argument scales, a scale is now applied there (check it is applied exactly once)"
-        )
 
 
 def statements(toks: list[Token]) -> list[list[Token]]:
@@ -97,7 +66,7 @@ def calls(stmt: list[Token]) -> list[Call]:
     seen: dict[str, int] = {}
     for i in range(len(stmt) - 1):
         name = stmt[i][0]
-        if stmt[i + 1][0] != "(" or not _is_name(name) or name in NOT_CALLS:
+        if stmt[i + 1][0] != "(" or not is_name(name) or name in NOT_CALLS:
             continue
         args: list[tuple[Token, ...]] = []
         cur: list[Token] = []
@@ -126,25 +95,25 @@ def calls(stmt: list[Token]) -> list[Call]:
     return out
 
 
-def _is_name(text: str) -> bool:
+def is_name(text: str) -> bool:
     return bool(text) and (text[0].isalpha() or text[0] == "_") and "." not in text
 
 
-def _text(arg: tuple[Token, ...]) -> str:
+def token_text(arg: tuple[Token, ...]) -> str:
     out = ""
     for t, _ in arg:
-        joined = out and (_is_name(out[-1]) or out[-1].isdigit()) and (_is_name(t) or t[0].isdigit())
+        joined = out and (is_name(out[-1]) or out[-1].isdigit()) and (is_name(t) or t[0].isdigit())
         out += (" " if joined else "") + t + (" " if t == "," else "")
     return out
 
 
-def _strip(arg: tuple[Token, ...]) -> tuple[Token, ...]:
-    while len(arg) >= 2 and arg[0][0] == "(" and arg[-1][0] == ")" and _balanced(arg[1:-1]):
+def strip_outer(arg: tuple[Token, ...]) -> tuple[Token, ...]:
+    while len(arg) >= 2 and arg[0][0] == "(" and arg[-1][0] == ")" and balanced(arg[1:-1]):
         arg = arg[1:-1]
     return arg
 
 
-def _balanced(arg: tuple[Token, ...]) -> bool:
+def balanced(arg: tuple[Token, ...]) -> bool:
     depth = 0
     for t, _ in arg:
         depth += t in _OPEN
@@ -154,21 +123,7 @@ def _balanced(arg: tuple[Token, ...]) -> bool:
     return depth == 0
 
 
-def is_identity(arg: tuple[Token, ...]) -> bool:
-    inner = _strip(arg)
-    return len(inner) == 1 and bool(_IDENTITY.match(inner[0][0]))
-
-
-def is_scale_like(arg: tuple[Token, ...]) -> bool:
-    inner = _strip(arg)
-    texts = [t for t, _ in inner]
-    if any(t in ("*", "/") for t in texts[1:]):  # a product or quotient (not a leading dereference)
-        return True
-    words = [t for t in texts if t[:1].isalpha() or t[:1] == "_"]  # names, members (``hp.f_scale``) too
-    return any(t in _SCALE_CALL or _SCALE_WORD.search(t) for t in words)
-
-
-def _touching(stmts: list[list[Token]], lines: frozenset[int]) -> list[list[Token]]:
+def touching(stmts: list[list[Token]], lines: frozenset[int]) -> list[list[Token]]:
     return [s for s in stmts if any(s[0][1] <= ln <= s[-1][1] for ln in lines)]
 
 
@@ -197,53 +152,7 @@ def changed_pairs(
     old_toks, new_toks = tokens_at(old_text), tokens_at(new_text)
     if old_toks is None or new_toks is None:
         return []
-    return _pairs(_touching(statements(old_toks), removed), _touching(statements(new_toks), added))
-
-
-def argument_changes(old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]) -> list[ArgChange]:
-    """Identity literals swapped with scale-like expressions at call arguments in the changed statements."""
-    out: list[ArgChange] = []
-    for before, after in changed_pairs(old_text, new_text, removed, added):
-        new_calls = {c.key: c for c in calls(after)}
-        for oc in calls(before):
-            nc = new_calls.get(oc.key)
-            if nc is None:
-                continue
-            for i, (x, y) in enumerate(zip(oc.args, nc.args, strict=True)):
-                if [t for t, _ in x] == [t for t, _ in y] or not x or not y:
-                    continue
-                if is_identity(y) and is_scale_like(x):
-                    change = "factor replaced by identity"
-                elif is_identity(x) and is_scale_like(y):
-                    change = "identity literal replaced"
-                else:
-                    continue
-                out.append(ArgChange(oc.name, i, _text(x), _text(y), x[0][1], y[0][1], change))
-    return out
-
-
-_PREC = re.compile(r"set_prec|PREC_F32|COMPUTE_32F", re.I)
-
-
-@dataclass(frozen=True)
-class PrecisionChange:
-    """A statement that asks for higher precision (``ggml_mul_mat_set_prec(kq, GGML_PREC_F32)``) removed, or
-    put under conditions it did not have."""
-
-    code: str
-    old_line: int
-    new_line: int | None  # None: removed
-    conditions: tuple[str, ...] = ()  # the block headers it is newly under
-
-    @property
-    def summary(self) -> str:
-        if self.new_line is None:
-            return f"removes the precision request `{self.code}`: the operation runs at the backend's default precision"
-        under = "; ".join(f"`{c}`" for c in self.conditions)
-        return (
-            f"puts the precision request `{self.code}` under {under}: in the other cases the operation runs at "
-            "the backend's default precision"
-        )
+    return _pairs(touching(statements(old_toks), removed), touching(statements(new_toks), added))
 
 
 def with_headers(stmts: list[list[Token]]) -> list[tuple[list[Token], tuple[str, ...]]]:
@@ -256,35 +165,5 @@ def with_headers(stmts: list[list[Token]]) -> list[tuple[list[Token], tuple[str,
         if last == "}" and stack:
             stack.pop()
         elif last == "{":
-            stack.append(_text(tuple(s)))
-    return out
-
-
-def precision_changes(
-    old_text: str, new_text: str, removed: frozenset[int], added: frozenset[int]
-) -> list[PrecisionChange]:
-    """Precision requests the changed statements drop or newly condition."""
-    old_toks, new_toks = tokens_at(old_text), tokens_at(new_text)
-    if old_toks is None or new_toks is None:
-        return []
-
-    def requests(toks: list[Token], lines: frozenset[int]) -> list[tuple[list[Token], tuple[str, ...]]]:
-        return [
-            (s, h)
-            for s, h in with_headers(statements(toks))
-            if any(s[0][1] <= ln <= s[-1][1] for ln in lines) and any(_PREC.search(t) for t, _ in s)
-        ]
-
-    news = requests(new_toks, added)
-    out: list[PrecisionChange] = []
-    for s, headers in requests(old_toks, removed):
-        key = [t for t, _ in s]
-        match = next(((n, h) for n, h in news if [t for t, _ in n] == key), None)
-        code = _text(tuple(s)).rstrip(";")
-        if match is None:
-            out.append(PrecisionChange(code, s[0][1], None))
-        elif match[1] != headers:
-            newly = tuple(h for h in match[1] if h not in headers)
-            if newly:
-                out.append(PrecisionChange(code, s[0][1], match[0][0][1], newly))
+            stack.append(token_text(tuple(s)))
     return out

@@ -6,6 +6,11 @@ The code that set it (a loader case for one architecture, say) no longer does, s
 for those cases now sees the value it has otherwise (its default, or the file's other assignments): the path
 it switched on or off is selected the other way. Read on ``_cargs``' statements; only the same file is
 searched for the tests, and the statement that reads the flag is named.
+
+Catches::
+
+    hparams.rope_finetuned = true;   ->   (removed; the graph builder tests rope_finetuned)
+
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ double-application search does not cover:
 - a multiply whose conditions or loop changed: it now runs in other cases or more often;
 - a factor now passed into a callee that is not read here (a registered op, ``**kwargs``): the
   multiplies of the factor on the same path, or, when the tree has only a few, all of them (said so).
+
+Catches::
+
+    hidden = hidden * self.routed_scaling_factor   ->   (removed; no other multiply on that path)
+
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ where another multiply already applies it, where before the two were exclusive.
 Two kinds of "other" multiply are checked: the ones the same function's other uses of the factor
 reach (``router(scale=f if not on_output else 1.0)`` next to ``runner(scale=f if on_output else 1.0)``),
 and the multiplies of the factor in units on the same execution path (``Units.relation``).
+
+Catches::
+
+    runner(scale=f if on_output else 1.0)   ->   runner(scale=f)   (router(scale=f) still applies it)
+
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ factor newly passed to a call (``quant_method.apply(layer, x, scale=layer.scale)
 Each is an :class:`IdentityChange` with ``unconditional`` set: before the patch the factor did not
 flow through that argument at all, so every multiply it now reaches is a new application (and the
 reverse removes one). The value is followed with :class:`Flow` to the callee's multiplies.
+
+Catches::
+
+    FusedMoE(routed_scaling_factor=1.0)   ->   FusedMoE(routed_scaling_factor=self.routed_scaling_factor)
+
 """
 
 from __future__ import annotations

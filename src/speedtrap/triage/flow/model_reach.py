@@ -5,6 +5,11 @@ code the served model never runs; other shared code outside it is only said to b
 
 The model is named by its class (``DeepseekV3ForCausalLM``), a ``config.json`` (its ``architectures``),
 or a folder holding one.
+
+Catches::
+
+    models/deepseek_v2.py changed, NemotronHForCausalLM served   ->   not reachable from the served model
+
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ The call graph rarely links the two (runners are chosen by a registry at run tim
 them by name, and says so: the words of the dropped atoms (``is_marlin`` -> ``marlin``) are matched
 against the paths of the files that apply the factor, by a multiply or by passing it to a call that
 resolves to no definition in the tree.
+
+Catches::
+
+    ... and not runner_backend.is_marlin()   ->   (dropped from _fuses_routed_scaling_factor_in_topk)
+
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ A changed line is *not selectable* on a platform when it lies in a branch the pl
 
 Nothing is read from a bare name: a file called ``rocm_*.py`` is not demoted for its name. When unsure,
 the change is kept (and said to be "not decided" where nothing could be read).
+
+Catches::
+
+    if _is_hip: x = x * 2   ->   x * 3   (not selectable on platform cuda)
+
 """
 
 from __future__ import annotations

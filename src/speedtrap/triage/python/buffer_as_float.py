@@ -2,6 +2,11 @@
 torch.tensor(x))`` and ``h *= self.n`` replaced by ``h *= x``. The buffer is a tensor that follows the
 module's dtype (rounded to bf16 in a bf16 model, as the reference computes it); the float is not. A
 precision signal, with the buffer's line and the new multiply's.
+
+Catches::
+
+    self.register_buffer("n", torch.tensor(x)); h *= self.n   ->   h *= x
+
 """
 
 from __future__ import annotations

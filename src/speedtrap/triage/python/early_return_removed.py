@@ -2,6 +2,11 @@
 returns ``base`` multiplied or divided (``return base * mscale * mscale``). The cases ``c`` selected used to get
 ``base`` as it was; now they reach the scaled return, so the scale applies in more cases. A scale signal naming
 the removed statement, the return the cases now reach, and the operands that scale them.
+
+Catches::
+
+    if not rope_scaling.get("apply_yarn_scaling", True): return base   ->   (removed)
+
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """A guard removed: an ``assert``, ``raise NotImplementedError`` or ``if ...: raise`` taken out, more
 when its names now drive new code::
 
-    assert not use_hash_topk, "not implemented"   # removed
-    if use_hash_topk: topk = hash_topk(...)       # added: the guard replaced by logic
+    assert not use_hash_topk, "not implemented"   ->   if use_hash_topk: topk = hash_topk(...)
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 pointer, or a value its pointer arithmetic reads (``scale_step_k = BLOCK_SIZE_K // group_k`` feeding
 ``As_ptrs += scale_step_k * stride_As_k``). A wrong step or offset makes the kernel read or write
 other addresses, silently: a kernel-indexing signal, with the statement and the pointer update it feeds.
+
+Catches::
+
+    step = tl.where(...)   ->   step = BLOCK_K // group_k   (feeding As_ptrs += step * stride)
+
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 added in another. Between the two places the values are now views of part of a tensor, not the whole,
 contiguous one: every call in between (a kernel that merges, reduces or writes in place) receives the
 view instead, or the reverse. A view signal, naming both places.
+
+Catches::
+
+    out = out[..., :v_head_dim]   (moved from after merge_attn_states to before it)
+
 """
 
 from __future__ import annotations

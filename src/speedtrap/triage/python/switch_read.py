@@ -1,5 +1,11 @@
 """The switch a diff reads: an environment variable, a launch flag or a config key on the changed
-lines or the conditions guarding them (``if envs.SGLANG_USE_X:`` -> env SGLANG_USE_X)."""
+lines or the conditions guarding them (``if envs.SGLANG_USE_X:`` -> env SGLANG_USE_X).
+
+Catches::
+
+    if envs.SGLANG_USE_X:   ->   env SGLANG_USE_X
+
+"""
 
 from __future__ import annotations
 
