@@ -89,7 +89,7 @@ def run_case(case: Case, work: Path) -> Result:
     by_name = {p.name: p for p in report.patches}
     res.culprit = by_name["culprit"]
     res.decoys = {k: v for k, v in by_name.items() if k != "culprit"}
-    res.warnings = [d.message for d in res.culprit.doubles] + list(res.culprit.missing)
+    res.warnings = [d.in_full for d in res.culprit.doubles] + list(res.culprit.missing)
     if case.factor:
         wanted = _site_lines(tree, case.sites, after)
         text = "\n".join(res.warnings)

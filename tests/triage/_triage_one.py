@@ -11,7 +11,7 @@ from speedtrap.triage import PatchReport, from_diff_files, triage
 def triage_one_file(tmp_path: Path, rel: str, before: str, after: str) -> tuple[int, tuple[str, ...]]:
     """The tier and reasons of the diff ``before`` -> ``after`` of ``rel`` in a tree holding ``before``."""
     p = triage_one_report(tmp_path, rel, before, after)
-    return p.tier, p.ranking.reasons
+    return p.tier, p.ranking.in_full  # each reason with its evidence lines
 
 
 def triage_one_report(

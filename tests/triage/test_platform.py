@@ -280,7 +280,7 @@ def _diff(tree: Path, rel: str, old: str, new: str, out: Path) -> Path:
 
 def _one(tree: Path, diff: Path, platform: str | None) -> tuple[int, tuple[str, ...]]:
     p = triage(from_diff_files([diff], tree), None, None, Platform(platform) if platform else None).patches[0]
-    return p.tier, p.ranking.reasons
+    return p.tier, p.ranking.in_full  # each reason with its evidence lines
 
 
 FP8 = "sgl/srt/layers/fp8_utils.py"
@@ -430,16 +430,17 @@ def test_vllm_dispatch_class_and_a_module_imported_only_on_rocm(vl: Path, tmp_pa
     plat = _diff(vl, "vl/platforms/rocm.py", "rocm_attn.RocmBackend", "rocm_attn.RocmBackend2", tmp_path / "p.diff")
     tier, why = _one(vl, plat, "cuda")
     assert tier == 3
-    assert why[0].startswith(
+    assert why[0].startswith("not selectable on platform cuda: in class RocmPlatform")
+    assert (
         "not selectable on platform cuda: in class RocmPlatform, which the release's platform dispatch selects "
         "only for rocm (vl/platforms/__init__.py:8 rocm_platform_plugin)"
-    )
+    ) in why[0]
     assert _one(vl, plat, "rocm")[0] == 2
     assert _one(vl, plat, "npu")[0] == 2  # no plugin for npu in the tree: not decided
     kern = _diff(vl, "vl/ops/rocm_kernels.py", "q * 2", "q * 3", tmp_path / "k.diff")
     tier, why = _one(vl, kern, "cuda")
     assert tier == 3
-    assert why[0] == (
+    assert why[0].split("\n")[-1] == (  # the whole reason, as the evidence line below its one-line headline
         "not selectable on platform cuda: in fused_rope, which is only referred to where platform cuda cannot go "
         "(vl/layers/moe.py:4: under `if current_platform.is_rocm():` (vl/layers/moe.py:3), false on cuda)"
     )

@@ -109,7 +109,7 @@ def count_warnings(
                 )
     for ident in sig.identity:
         where = f"{ident.file}:{ident.new_line}"
-        if ident.reaches or ident.removes_application or any(where in d.message for d in doubles):
+        if ident.reaches or ident.removes_application or any(where in d.in_full for d in doubles):
             continue
         out.extend(CountWarning(ident.factor, m) for m in _unread(ident, post, units, sites_of, changed))
     return out

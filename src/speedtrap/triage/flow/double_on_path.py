@@ -40,14 +40,6 @@ def _words(literals: Iterable[tuple[str, bool]]) -> str:
     return " and ".join(dict.fromkeys(parts)) or "always"
 
 
-def _also(more: Iterable[Reach]) -> str:
-    wheres = [r.site.where for r in more]
-    if not wheres:
-        return ""
-    extra = f" and {len(wheres) - 6} more" if len(wheres) > 6 else ""
-    return f" (and, by other routes, {', '.join(wheres[:6])}{extra})"
-
-
 def _uses(mod: Module, func: ast.AST, factor: str, skip: ast.AST) -> list[ast.AST]:
     inside = {id(n) for n in ast.walk(skip)}
     out: list[ast.AST] = []
@@ -98,15 +90,21 @@ def sibling_doubles(
             continue
         a, b = here, theirs[0]
         code = new.line(getattr(use, "lineno", 0))
-        relation = (
-            f"same path: both reached from {change.function} ({change.file}): `{change.after}` "
-            f"({change.file}:{change.new_line}) now reaches {a.site.where} via {' -> '.join(a.hops) or 'itself'}"
-            f"{_also(change.reaches[1:])}, "
-            f"and `{code}` ({change.file}:{getattr(use, 'lineno', 0)}) reaches {b.site.where} via "
-            f"{' -> '.join(b.hops) or 'itself'}; both multiplies run when {_words(newly)} "
-            f"(before the patch `{change.when}` selected {change.identity} there)"
+        start = f"`{change.after}` ({change.file}:{change.new_line})"
+        path = f"both reached from {change.function} ({change.file})"
+        if b.hops:  # the other use's own route, when it is not the multiply itself
+            path += f"; `{code}` ({change.file}:{getattr(use, 'lineno', 0)}) reaches it via {' -> '.join(b.hops)}"
+        before = f"`{change.when}` selected {change.identity} there"
+        relation = f"same path: {path}; both multiplies run when {_words(newly)} (before the patch {before})"
+        also = tuple(
+            r.site for r in [*change.reaches[1:], *theirs[1:]] if r.site.where not in (a.site.where, b.site.where)
         )
-        out.append(DoubleApplication(change.factor, patch, a.site, b.site, relation, _REACH))
+        route = (start, *a.hops, a.site.where) if a.hops else ()
+        out.append(
+            DoubleApplication(
+                change.factor, patch, a.site, b.site, relation, _REACH, path, route, _words(newly), before, also
+            )
+        )
     return out
 
 
@@ -136,12 +134,13 @@ def related_doubles(
             if rel is None:
                 continue
             seen.add((a.where, b.where))
-            relation = (
-                f"same path: {rel[0]}; `{change.after}` ({change.file}:{change.new_line}) now reaches "
-                f"{a.where}, and {b.function} applies it when {_words(newly)} "
-                f"(before the patch `{change.when}` selected {change.identity} there)"
+            before = f"`{change.when}` selected {change.identity} there"
+            relation = f"same path: {rel[0]}; {b.function} applies it when {_words(newly)} (before the patch {before})"
+            start = f"`{change.after}` ({change.file}:{change.new_line})"
+            flow = (start, *reach.hops, a.where) if reach.hops else ()
+            out.append(
+                DoubleApplication(change.factor, patch, a, b, relation, _REACH, rel[0], flow, _words(newly), before)
             )
-            out.append(DoubleApplication(change.factor, patch, a, b, relation, _REACH))
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from speedtrap.triage.flow.units import Units
 from speedtrap.triage.source import Module, SourceIndex
+from speedtrap.triage.wording import HEADLINE, evidence_line, split_reason
 
 MULTIPLY, DIVIDE, CONFIGURE, PASS, READ = "multiply", "divide", "configure", "pass", "read"
 _PRIORITY = {MULTIPLY: 0, DIVIDE: 1, CONFIGURE: 2, PASS: 3, READ: 4}
@@ -60,23 +61,52 @@ class Site:
 
 @dataclass(frozen=True)
 class DoubleApplication:
+    """Two sites that may both apply one factor on one execution path: ``added`` (the patch's, or the one the
+    factor newly reaches) and ``other``; ``also`` the further sites applying it on that path. ``message`` is one
+    line; ``lines`` the evidence: every site with its condition, how the two meet, the flow, what was before."""
+
     symbol: str
     patch: str
     added: Site
     other: Site
     relation: str
     verb: str = "adds"  # "adds" a multiply, or "lets the factor reach" one (a path change)
+    path: str = ""  # how the two are on one path ("DeepseekV2MoE calls HashTopK")
+    flow: tuple[str, ...] = ()  # where the factor starts, then the calls that carry it to ``added``
+    when: str = ""  # the conditions under which both now run
+    before: str = ""  # what the code selected there before the patch
+    also: tuple[Site, ...] = ()  # other sites applying the factor on the same path
+    unresolved: tuple[str, ...] = ()  # calls on the way not resolved: each with its candidates
 
     @property
     def message(self) -> str:
-        other_guard = " and ".join(self.other.guards) or "unconditionally"
-        added_guard = " and ".join(self.added.guards) or "unconditionally"
-        return (
-            f"possible double application of {self.symbol}: {self.patch} {self.verb} `{self.added.code}` "
-            f"at {self.added.where} "
-            f"({added_guard}) while `{self.other.code}` at {self.other.where} ({self.other.function}) "
-            f"still applies it {other_guard}; {self.relation}"
-        )
+        """One line: the two sites, by place when that fits, else by function."""
+        more = f" (+{len(self.also)} more on the path)" if self.also else ""
+        head = f"possible double application of {self.symbol}: {self.patch} {self.verb}"
+        text = f"{head} {self.added.where} while {self.other.where} still applies it{more}"
+        if len(text) > HEADLINE:
+            text = f"{head} {self.added.function} while {self.other.function} still applies it{more}"
+        return text
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        out = [_site_line(self.added, "new" if self.verb == "adds" else "now reached"), _site_line(self.other, "")]
+        out += [_site_line(s, "") for s in self.also]
+        if self.path:
+            out.append(f"path: {self.path.removeprefix('same path: ')}")
+        if self.flow:
+            out.append(f"flow: {' -> '.join(self.flow)}")
+        if self.when:
+            out.append(f"both run when {self.when}")
+        if self.before:
+            out.append(f"before the patch: {self.before}")
+        out += [f"not resolved: {u}" for u in self.unresolved]
+        return tuple(evidence_line(line) for line in out)
+
+    @property
+    def in_full(self) -> str:
+        """The message with its evidence lines, one per line."""
+        return "\n".join((self.message, *self.lines))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,9 +114,22 @@ class DoubleApplication:
             "patch": self.patch,
             "added": self.added.to_json(),
             "other": self.other.to_json(),
+            "also": [s.to_json() for s in self.also],
+            "path": self.path,
+            "flow": list(self.flow),
+            "when": self.when,
+            "before": self.before,
+            "unresolved": list(self.unresolved),
             "relation": self.relation,
             "message": self.message,
+            "lines": list(self.lines),
         }
+
+
+def _site_line(site: Site, mark: str) -> str:
+    when = " and ".join(site.guards) or "always"
+    tag = f" ({mark})" if mark else ""
+    return f"site{tag}: {site.where} {site.function}: `{site.code}` when {when}"
 
 
 @dataclass(frozen=True)
@@ -97,8 +140,16 @@ class CountWarning:
     factor: str
     message: str
 
+    @property
+    def headline(self) -> str:
+        return split_reason(self.message)[0]
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return split_reason(self.message)[1]
+
     def to_json(self) -> dict[str, Any]:
-        return {"factor": self.factor, "message": self.message}
+        return {"factor": self.factor, "message": self.message, "headline": self.headline, "lines": list(self.lines)}
 
 
 @dataclass
@@ -369,5 +420,5 @@ def double_applications(
         if same is not None and same.exclusive_lines(a.line, b.line):
             continue  # opposite arms of one choice: alternatives, not two applications
         if not _excludes(a, b, aliases):
-            found.append((hops, len(found), DoubleApplication(symbol, patch, a, b, f"same path: {text}")))
+            found.append((hops, len(found), DoubleApplication(symbol, patch, a, b, f"same path: {text}", path=text)))
     return added, [d for _, _, d in sorted(found, key=lambda t: (t[0], t[1]))]

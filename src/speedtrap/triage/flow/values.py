@@ -243,13 +243,18 @@ class IdentityChange:
                 return f"replaces {self.factor} by {self.identity} ({where}); the factor reached {first}"
             first = self.reaches[0].describe() if self.reaches else "a callee not resolved here"
             more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
-            return f"{self.change}: {self.factor} now flows ({where}); it reaches {first}{more}"
+            into = (
+                f"{self.slot}, {self.file}:{self.new_line}"
+                if self.returned
+                else f"{self.slot} at {self.file}:{self.new_line}"
+            )
+            return f"{self.change}: {self.factor} now flows into {into}; {where}; it reaches {first}{more}"
         verb = "removes" if self.change == "identity removed" else "changes"
         first = self.reaches[0].describe() if self.reaches else "a callee not read here (unresolved or **kwargs)"
         more = f" (and {len(self.reaches) - 1} more)" if len(self.reaches) > 1 else ""
         return (
-            f"{verb} the condition `{self.when}` that selected {self.identity} for {self.factor} "
-            f"({self.slot} in {self.function}, {self.file}:{self.new_line}: `{self.before}` -> `{self.after}`); "
+            f"{verb} the condition `{self.when}` that selected {self.identity} for {self.factor} at "
+            f"{self.file}:{self.new_line}; {self.slot} in {self.function}: `{self.before}` -> `{self.after}`; "
             f"this value reaches {first}{more}"
         )
 

@@ -245,5 +245,5 @@ def _trace_section(report: TriageReport) -> list[str]:
     if len(trace.sites) > _MAX_SITES:
         lines.append(f"| ... | {len(trace.sites) - _MAX_SITES} more in the JSON output | | |")
     for d in trace.double_applications:
-        lines += ["", f"**Warning**: {d.message}"]
+        lines += ["", f"**Warning**: {d.message}", "", *(f"- {_md(line)}" for line in d.lines)]
     return lines

@@ -14,6 +14,7 @@ Tier 3: changes proven inert ("same math", see ``_inert``), or changes to tests 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from speedtrap.triage.flow import EVERY_LAYER, PER_STEP, SETUP, SOME_LAYERS, UNK
 from speedtrap.triage.python import EARLY_RETURN_REMOVED, KERNEL, VIEW
 from speedtrap.triage.ranking.signals import GRAPH, GUARD, MEMORY, PRECISION, SCALE, PatchSignals
 from speedtrap.triage.source import CONFIG, ENV, FLAG, UNGATED
+from speedtrap.triage.wording import attach, split_reason
 
 _EXPOSURE = {EVERY_LAYER: 2, SOME_LAYERS: 1, PER_STEP: 1, SETUP: 0, UNKNOWN: 1}
 
@@ -43,11 +45,45 @@ def _off_path(file: str) -> bool:
 
 @dataclass(frozen=True)
 class Ranking:
+    """A tier with its reasons: each reason one line (``wording.split_reason``), its evidence lines in
+    ``evidence`` (one tuple per reason, empty when the reason says it all)."""
+
     tier: int
     score: int
     risk: int
     reasons: tuple[str, ...]
     points: dict[str, int] = field(default_factory=dict, compare=False)
+    evidence: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
+
+    @classmethod
+    def worded(cls, tier: int, score: int, risk: int, texts: list[str], points: dict[str, int]) -> Ranking:
+        """A ranking whose reasons are cut into one-line headlines and their evidence."""
+        pairs = [split_reason(t) for t in texts]
+        return cls(tier, score, risk, tuple(h for h, _ in pairs), points, tuple(e for _, e in pairs))
+
+    def lines(self, i: int) -> tuple[str, ...]:
+        """The evidence lines of reason ``i``."""
+        return self.evidence[i] if i < len(self.evidence) else ()
+
+    @property
+    def in_full(self) -> tuple[str, ...]:
+        """Each reason followed by its evidence lines (one string per reason, lines joined by newlines)."""
+        return tuple("\n".join((r, *self.lines(i))) for i, r in enumerate(self.reasons))
+
+    def with_reason(self, text: str, first: bool, tier: int | None = None) -> Ranking:
+        """The same ranking with one more reason (first or last), and a new tier if given."""
+        head, lines = split_reason(text)
+        evidence = tuple(self.lines(i) for i in range(len(self.reasons)))
+        reasons = (head, *self.reasons) if first else (*self.reasons, head)
+        evidence = (lines, *evidence) if first else (*evidence, lines)
+        return dataclasses.replace(self, tier=self.tier if tier is None else tier, reasons=reasons, evidence=evidence)
+
+    def without(self, prefix: str) -> Ranking:
+        """The same ranking without the reasons that start with ``prefix``."""
+        keep = [i for i, r in enumerate(self.reasons) if not r.startswith(prefix)]
+        return dataclasses.replace(
+            self, reasons=tuple(self.reasons[i] for i in keep), evidence=tuple(self.lines(i) for i in keep)
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +91,7 @@ class Ranking:
             "score": self.score,
             "risk": self.risk,
             "reasons": list(self.reasons),
+            "reason_evidence": [list(self.lines(i)) for i in range(len(self.reasons))],
             "points": self.points,
         }
 
@@ -84,14 +121,15 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         if loosened or s.data.get("argument"):
             reasons.append(s.summary)
         else:
-            reasons.append(f"{s.summary}; upstream refused this path, so the new code never ran there")
+            reasons.append(attach(s.summary, "; upstream refused this path, so the new code never ran there"))
     scale = [s for s in sig.of(SCALE) if s.data.get("change") != "rewritten"]
     if scale:
         points["scale"] = 3
         if any(s.data.get("change") in _DEFINITE and s.data.get("reaches") for s in scale):
             points["scale"] = 5  # the factor now flows (or no longer flows) into a multiply: a definite change
         reasons.extend(
-            f"{s.summary}: {s.data.get('factor') or 'the scale'} must be applied exactly once" for s in scale[:3]
+            attach(s.summary, f": {s.data.get('factor') or 'the scale'} must be applied exactly once")
+            for s in scale[:3]
         )
     kinds = ((MEMORY, "uninitialised_memory"), (GRAPH, "cuda_graph"), (KERNEL, "kernel_indexing"), (VIEW, "view_moved"))
     for kind, label in kinds:
@@ -153,7 +191,7 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         tier = 3
         why = "; ".join(f"{f}: {w}" for f, w in sig.inert[:4])
         reasons.insert(0, f"{SAME_MATH} ({why})" if why else SAME_MATH)
-    return Ranking(tier, score, risk, tuple(reasons), points)
+    return Ranking.worded(tier, score, risk, reasons, points)
 
 
 def _exposure_words(best: HotPath) -> str:

@@ -105,6 +105,28 @@ class TriageReport:
         }
 
 
+def merged_doubles(doubles: list[DoubleApplication]) -> list[DoubleApplication]:
+    """One pair of sites is one claim, however many routes found it; the first claim about a site names every
+    other site found applying the factor on its path (``also``), so one warning lists them all."""
+    first: dict[tuple[str, str, str], DoubleApplication] = {}
+    for d in doubles:
+        first.setdefault((d.symbol, d.added.where, d.other.where), d)
+    out: list[DoubleApplication] = []
+    lead: dict[tuple[str, str], int] = {}
+    for d in first.values():
+        key = (d.symbol, d.added.where)
+        if key not in lead:
+            lead[key] = len(out)
+            out.append(d)
+            continue
+        head = out[lead[key]]
+        known = {head.other.where, *(s.where for s in head.also)}
+        extra = tuple(s for s in (d.other, *d.also) if s.where not in known and s.where != head.added.where)
+        out[lead[key]] = dataclasses.replace(head, also=(*head.also, *extra))
+        out.append(d)
+    return out
+
+
 def triage(
     patch_set: PatchSet, symbol: str | None = None, model: str | None = None, platform: Platform | None = None
 ) -> TriageReport:
@@ -183,15 +205,11 @@ def triage(
                 bases = {c.factor: sites_of(c.factor) for c in sig.identity if c.factor.isidentifier()}
                 doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
                 missing = missing_applications(sig.identity, units, bases)
-            # One pair of sites is one claim, however many routes found it.
-            first: dict[tuple[str, str, str], DoubleApplication] = {}
-            for d in doubles:
-                first.setdefault((d.symbol, d.added.where, d.other.where), d)
-            doubles = list(first.values())
+            doubles = merged_doubles(doubles)
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)
-                said = "\n".join([*(d.message for d in doubles), *(m.message for m in missing)])
+                said = "\n".join([*(t for d in doubles for t in (d.message, *d.lines)), *(m.message for m in missing)])
                 missing += statement_warnings(sig.identity, said)
                 for factor in sorted({f for f in (symbol, *sig.factors) if f}):
                     missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
@@ -201,23 +219,22 @@ def triage(
         if reach is not None and files:
             runs, words = reach.verdict([f.path for f in files])
             if not runs:  # code the served model never runs: below every change it can run
-                ranking = dataclasses.replace(ranking, tier=min(3, ranking.tier + 1), reasons=(words, *ranking.reasons))
+                ranking = ranking.with_reason(words, first=True, tier=min(3, ranking.tier + 1))
                 demoted = True
             else:
-                ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
+                ranking = ranking.with_reason(words, first=False)
             notes.append(words)
         if on_platform is not None and files:
             selectable, words = on_platform.verdict(files, post)
             if selectable is False:  # code the served platform never selects: below every change it can run
                 # one tier for code never run, whether the model or the platform (or both) says so
                 tier = ranking.tier if demoted else min(3, ranking.tier + 1)
-                ranking = dataclasses.replace(ranking, tier=tier, reasons=(words, *ranking.reasons))
+                ranking = ranking.with_reason(words, first=True, tier=tier)
             else:
-                ranking = dataclasses.replace(ranking, reasons=(*ranking.reasons, words))
+                ranking = ranking.with_reason(words, first=False)
             notes.append(words)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
-            kept = tuple(r for r in ranking.reasons if not r.startswith(SAME_MATH))
-            ranking = dataclasses.replace(ranking, reasons=(NO_DIFF, *kept))
+            ranking = ranking.without(SAME_MATH).with_reason(NO_DIFF, first=True)
         reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes, missing))
         if trace is not None:
             trace.added.extend(added_sites)
