@@ -296,6 +296,7 @@ READERS: dict[str, str] = {
     "flow.values": "where a value goes: arguments, locals, attributes, identity selections in expressions",
     "flow.sites": "every site of a name, with its guards",
     "flow.resolve": "names resolved to their definitions across the tree",
+    "flow.dispatch": "method calls resolved through the tree's own dispatch, and what it cannot read",
     "flow.units": "who calls or instantiates whom",
     "flow.hot_path": "how often a changed Python function runs",
     "platform.conditions": "platform tests read in three values",

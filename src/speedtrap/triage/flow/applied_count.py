@@ -125,6 +125,11 @@ def _unread(
         f"{ident.factor} now flows into a callee not read here (`{ident.after}` at {ident.file}:{ident.new_line}, "
         f"{ident.slot})"
     )
+    unread = "".join(
+        f"; not resolved: {n}"
+        for n in units.resolver.unresolved_at(f"{ident.file}:{ident.new_line}", ident.slot.split("(", 1)[0])
+    )
+    head += unread
     if near:
         return [f"{head}; on the same path it is already applied at {_names(near)}: a possible double application"]
     if 0 < len(everywhere) <= _FEW:

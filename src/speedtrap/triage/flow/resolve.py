@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from speedtrap.triage.flow.dispatch import Unread, methods
 from speedtrap.triage.source import Module, SourceIndex
 
 _MAX_HOPS = 6
@@ -21,6 +22,7 @@ class Resolved:
     file: str
     node: Definition
     via: tuple[str, ...] = ()  # the files passed through (re-exports), outermost first
+    bound: bool = False  # a method called on an instance: its first parameter is the instance
 
 
 @dataclass
@@ -29,6 +31,31 @@ class Resolver:
     _modules: dict[str, list[str]] | None = None
     _memo: dict[tuple[str, str], Resolved | None] = field(default_factory=dict)
     _imports: dict[str, dict[str, tuple[str, int, str | None]]] = field(default_factory=dict)
+    _defs: dict[str, dict[tuple[int, str], Definition]] = field(default_factory=dict)
+    unread: dict[str, list[Unread]] = field(default_factory=dict)  # call site -> what its dispatch cannot read
+
+    def unresolved_on(self, hops: tuple[str, ...]) -> list[str]:
+        """What the dispatch of the calls on a route (``f(x=) at FILE:LINE`` hops) could not read, in words."""
+        out: list[str] = []
+        for hop in hops:
+            where = hop.rsplit(" at ", 1)[-1]
+            out += [t for t in self.unresolved_at(where, hop.split("(", 1)[0]) if t not in out]
+        return out
+
+    def unresolved_at(self, where: str, callee: str) -> list[str]:
+        """What the dispatch of the call ``callee`` at ``where`` could not read, with the candidates."""
+        return [f"{callee}(...) at {where}: {u.describe(self)}" for u in self.unread.get(where, [])]
+
+    def bound(self, file: str, node: Definition) -> Resolved:
+        """A method as called on an instance (the tree's own node for it: the caller may hold another parse)."""
+        if file not in self._defs:
+            mod = self.index.module(file)
+            self._defs[file] = {
+                (n.lineno, n.name): n
+                for n in (mod.nodes if mod is not None else [])
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            }
+        return Resolved(file, self._defs[file].get((node.lineno, node.name), node), bound=True)
 
     def module_file(self, dotted: str) -> str | None:
         """The tree file of a dotted module name (``a.b`` -> ``a/b.py`` or ``a/b/__init__.py``)."""
@@ -137,6 +164,11 @@ class Resolver:
         """Every definition a call may run: :meth:`callee`, or, for a local bound to a class or function in
         several places (``cls = Default`` / ``cls = Substitute``), each of them."""
         found = self.callee(mod, call)
+        if found is None and isinstance(call.func, ast.Attribute):  # a method: the tree's own dispatch
+            runs, unread = methods(self, mod, call)
+            if unread:
+                self.unread[f"{mod.path}:{call.lineno}"] = unread
+            return runs
         if found is not None or not isinstance(call.func, ast.Name):
             return [found] if found is not None else []
         func = next((a for a in mod.ancestors(call) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), None)

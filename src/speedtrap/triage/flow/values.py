@@ -186,7 +186,7 @@ def _entry(target: Resolved) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef | N
     if isinstance(node, ast.ClassDef):
         init = next((n for n in node.body if isinstance(n, _FUNCS) and n.name == "__init__"), None)
         return init, True
-    return node, False
+    return node, target.bound
 
 
 def _loads(func: ast.AST, name: str) -> list[ast.Name]:

@@ -206,6 +206,9 @@ def triage(
                 doubles = path_doubles(sig.identity, post, flow, units, bases, patch.name) + doubles
                 missing = missing_applications(sig.identity, units, bases)
             doubles = merged_doubles(doubles)
+            if units is not None:  # the calls on each route whose dispatch is not read, with their candidates
+                unread = units.resolver.unresolved_on
+                doubles = [dataclasses.replace(d, unresolved=tuple(unread(d.flow))) for d in doubles]
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
                 missing += count_warnings(sig, post, units, sites_of, changed, doubles)
