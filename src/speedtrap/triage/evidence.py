@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from speedtrap.triage.source import ChangedFile
+from typing import Any, Protocol
 
 GUARD, PRECISION, SCALE, HOT_PATH, PHASES, GATING = "guard", "precision", "scale", "hot_path", "phases", "gating"
+
+
+class ChangedLines(Protocol):
+    """What evidence needs of a changed file (``source.ChangedFile``): its path and its changed lines' text."""
+
+    @property
+    def path(self) -> str: ...
+
+    def added_text(self, line: int) -> str: ...
+
+    def removed_text(self, line: int) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class Signal:
         }
 
 
-def line_evidence(cf: ChangedFile, node_or_line: ast.AST | int, side: str) -> Evidence:
+def line_evidence(cf: ChangedLines, node_or_line: ast.AST | int, side: str) -> Evidence:
     line = node_or_line if isinstance(node_or_line, int) else getattr(node_or_line, "lineno", 0)
     text = cf.added_text(line) if side == "+" else cf.removed_text(line)
     return Evidence(cf.path, line, side, text)

@@ -16,16 +16,12 @@ Catches::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from speedtrap.triage.evidence import SCALE
+from speedtrap.triage.evidence import Signal
 from speedtrap.triage.flow.sites import MULTIPLY, CountWarning, DoubleApplication, Site, python_sites
 from speedtrap.triage.flow.units import Units
 from speedtrap.triage.flow.values import IdentityChange
 from speedtrap.triage.source import SourceIndex
-
-if TYPE_CHECKING:
-    from speedtrap.triage.ranking import PatchSignals
 
 _FEW = 6
 # A name in more Python files than this is too common a word (`factor`, `scale`) for its whole-tree sites to
@@ -53,7 +49,8 @@ def _names(sites: list[Site]) -> str:
 
 
 def count_warnings(
-    sig: PatchSignals,
+    scales: list[Signal],
+    identity: list[IdentityChange],
     post: SourceIndex,
     units: Units,
     sites_of: Callable[[str], list[Site]],
@@ -61,7 +58,7 @@ def count_warnings(
     doubles: list[DoubleApplication],
 ) -> list[CountWarning]:
     out: list[CountWarning] = []
-    for s in sig.of(SCALE):
+    for s in scales:
         factor = s.data.get("factor", "")
         change = s.data.get("change")
         if not factor.isidentifier() or any(d.symbol == factor for d in doubles):
@@ -107,7 +104,7 @@ def count_warnings(
                 out.append(
                     CountWarning(factor, f"{factor} is applied in other cases or more often now: {where} ({s.summary})")
                 )
-    for ident in sig.identity:
+    for ident in identity:
         where = f"{ident.file}:{ident.new_line}"
         if ident.reaches or ident.removes_application or any(where in d.in_full for d in doubles):
             continue

@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from speedtrap.triage.source import Module, short
+from speedtrap.triage.source import Module, SourceIndex, short
 
-if TYPE_CHECKING:
-    from speedtrap.triage.flow.resolve import Resolved, Resolver
+
+class Resolver(Protocol):
+    """What dispatch needs of ``resolve.Resolver`` (which calls into this module)."""
+
+    index: SourceIndex
+
+    def resolve(self, file: str, name: str, hops: int = 0) -> Any: ...
+
+    def callee(self, mod: Module, call: ast.Call) -> Any: ...
+
+    def bound(self, file: str, node: Any) -> Any: ...
+
+
+Resolved = Any  # resolve.Resolved: a definition, its file, and whether it is called on an instance
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _MAX_DEPTH = 5

@@ -23,15 +23,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from speedtrap.triage.evidence import GUARD
+from speedtrap.triage.evidence import Signal
 from speedtrap.triage.flow.resolve import Resolver
 from speedtrap.triage.flow.sites import MULTIPLY, PASS, CountWarning, Site
 from speedtrap.triage.source import SourceIndex
-
-if TYPE_CHECKING:
-    from speedtrap.triage.ranking import PatchSignals
 
 _PREFIX = re.compile(r"^(?:is|use|has|supports?|can|should|enable|allow)_")
 _GENERIC = {"none", "self", "true", "false", "backend", "runner", "method", "quant", "layer", "type", "kind", "mode"}
@@ -69,7 +65,7 @@ def _handed_to_kernel(post: SourceIndex, resolver: Resolver, site: Site, factor:
 
 
 def widened_factor_warnings(
-    sig: PatchSignals,
+    guards: list[Signal],
     factor: str | None,
     post: SourceIndex,
     resolver: Resolver,
@@ -81,7 +77,7 @@ def widened_factor_warnings(
     if not factor:
         return []
     out: list[CountWarning] = []
-    for s in sig.of(GUARD):
+    for s in guards:
         where = s.data.get("function", "")
         dropped = s.data.get("dropped", [])
         if not s.data.get("widened") or factor not in where or not dropped:

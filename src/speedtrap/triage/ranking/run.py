@@ -30,7 +30,7 @@ from speedtrap.triage.flow import (
 )
 from speedtrap.triage.platform import PlatformReach
 from speedtrap.triage.ranking.rank import SAME_MATH, Ranking, gate_of, rank
-from speedtrap.triage.ranking.signals import SCALE, PatchSignals, analyze
+from speedtrap.triage.ranking.signals import GUARD, SCALE, PatchSignals, analyze
 from speedtrap.triage.source import ChangedFile, PatchInput, PatchSet, SourceIndex, lay_patch
 
 NO_DIFF = "no diff given: nothing was read, so tier 3 is the default, not a finding"
@@ -211,11 +211,11 @@ def triage(
                 doubles = [dataclasses.replace(d, unresolved=tuple(unread(d.flow))) for d in doubles]
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
-                missing += count_warnings(sig, post, units, sites_of, changed, doubles)
+                missing += count_warnings(sig.of(SCALE), sig.identity, post, units, sites_of, changed, doubles)
                 said = "\n".join([*(t for d in doubles for t in (d.message, *d.lines)), *(m.message for m in missing)])
                 missing += statement_warnings(sig.identity, said)
                 for factor in sorted({f for f in (symbol, *sig.factors) if f}):
-                    missing += widened_factor_warnings(sig, factor, post, units.resolver, sites_of, changed)
+                    missing += widened_factor_warnings(sig.of(GUARD), factor, post, units.resolver, sites_of, changed)
         gate, gate_source = gate_of(patch.gate, sig.detected_gate)
         ranking = rank(sig, gate, doubles, patch.declared)
         demoted = False
