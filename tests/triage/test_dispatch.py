@@ -10,12 +10,11 @@ lets the factor reach the kernel-side multiply while the model-side one still ap
 
 from __future__ import annotations
 
-import difflib
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import edit_diff, lay_tree
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
@@ -144,21 +143,11 @@ def _line(tree: Path, rel: str, code: str) -> str:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "tree"
-    for rel, text in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
+    return lay_tree(tmp_path / "tree", FILES)
 
 
-def _patch(tree: Path, out: Path, old: str = BEFORE, new: str = AFTER, rel: str = "pkg/model.py") -> Path:
-    before = (tree / rel).read_text()
-    after = before.replace(old, new)
-    assert after != before
-    out.write_text(
-        "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    )
-    return out
+def _patch(tree: Path, out: Path) -> Path:
+    return edit_diff(tree, "pkg/model.py", [(BEFORE, AFTER)], out)
 
 
 def test_the_kernel_side_multiply_is_named_through_quant_method_apply(tree: Path, tmp_path: Path) -> None:

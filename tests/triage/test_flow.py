@@ -6,10 +6,10 @@ multiply) is known by construction."""
 from __future__ import annotations
 
 import difflib
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import lay_tree
 
 from speedtrap.triage import from_diff_files, render_plan, triage
 
@@ -80,11 +80,7 @@ RUNNER_ARG = "Runner(factor if on_output else 1.0,"
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "tree"
-    for rel, text in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
+    return lay_tree(tmp_path / "tree", FILES)
 
 
 def patched(tree: Path, edits: list[tuple[str, str]], out: Path, rel: str = "pkg/layer.py") -> Path:

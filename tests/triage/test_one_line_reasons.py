@@ -6,12 +6,11 @@ is below each headline, indented, and in the JSON."""
 
 from __future__ import annotations
 
-import difflib
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import edit_diff, lay_tree
 from test_cargs import SOURCE as CPP_ARGS
 from test_cswitch import MOVED as CPP_MOVED
 from test_cswitch import SOURCE as CPP_SWITCH
@@ -47,50 +46,39 @@ GUARDED = {
 }
 
 
-def _lay(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
-
-
-def _diff(tree: Path, rel: str, edits: list[tuple[str, str]], out: Path) -> Path:
-    before = (tree / rel).read_text()
-    after = before
-    for old, new in edits:
-        assert old in after, old
-        after = after.replace(old, new)
-    lines = difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")
-    out.write_text("".join(lines))
-    return out
-
-
 def _cases(tmp: Path) -> list[tuple[str, list[str]]]:
     """(name, triage arguments) for each tree and its patch(es)."""
-    moe = _lay(tmp / "moe", MOE)
-    router = _lay(tmp / "router", ROUTER)
-    sgl = _lay(tmp / "sgl", SGL)
-    guarded = _lay(tmp / "guarded", GUARDED)
-    cpp = _lay(tmp / "cpp", {"src/llama-model.cpp": CPP_ARGS})
-    switch = _lay(tmp / "switch", {"src/llama-model.cpp": CPP_SWITCH})
+    moe = lay_tree(tmp / "moe", MOE)
+    router = lay_tree(tmp / "router", ROUTER)
+    sgl = lay_tree(tmp / "sgl", SGL)
+    guarded = lay_tree(tmp / "guarded", GUARDED)
+    cpp = lay_tree(tmp / "cpp", {"src/llama-model.cpp": CPP_ARGS})
+    switch = lay_tree(tmp / "switch", {"src/llama-model.cpp": CPP_SWITCH})
     fp8 = "sgl/srt/layers/fp8_utils.py"
+    guard_edits = [
+        (
+            "        assert not (\n            self.use_sliding_window_with_attention_sinks_and_fp8_kv_cache and "
+            'extremely_long_flag\n        ), "sliding windows with attention sinks and an fp8 kv cache are not '
+            'implemented for this backend"\n',
+            "",
+        ),
+        ("> 0 and extremely_long_flag and q.shape[0] > 64", "> 0 and q.shape[0] > 64"),
+    ]
+    diffs = {
+        "m": edit_diff(moe, "pkg/model.py", [(MOE_BEFORE, MOE_AFTER)], tmp / "m.diff"),
+        "r": edit_diff(router, "pkg/layer.py", [(ROUTER_ARG, "scale=factor")], tmp / "r.diff"),
+        "p": edit_diff(sgl, fp8, [("return aiter_linear", "return aiter_linear if True else None")], tmp / "p.diff"),
+        "g": edit_diff(guarded, "pkg/attn.py", guard_edits, tmp / "g.diff"),
+        "c": edit_diff(cpp, "src/llama-model.cpp", [("1.0f/sqrtf(float(d))", "1.0f")], tmp / "c.diff"),
+        "s": edit_diff(switch, "src/llama-model.cpp", [(CPP_SWITCH, CPP_MOVED)], tmp / "s.diff"),
+    }
     return [
-        ("moe dispatch", ["--patch", str(_diff(moe, "pkg/model.py", [(MOE_BEFORE, MOE_AFTER)], tmp / "m.diff")),
-                          "--tree", str(moe), "--symbol", "routed_scaling_factor"]),
-        ("router", ["--patch", str(_diff(router, "pkg/layer.py", [(ROUTER_ARG, "scale=factor")], tmp / "r.diff")),
-                    "--tree", str(router), "--symbol", "factor"]),
-        ("platform", ["--patch", str(_diff(sgl, fp8, [("return aiter_linear", "return aiter_linear if True else None")],
-                                           tmp / "p.diff")), "--tree", str(sgl), "--platform", "cpu"]),
-        ("guard", ["--patch", str(_diff(guarded, "pkg/attn.py", [
-            ('        assert not (\n            self.use_sliding_window_with_attention_sinks_and_fp8_kv_cache and '
-             'extremely_long_flag\n        ), "sliding windows with attention sinks and an fp8 kv cache are not '
-             'implemented for this backend"\n', ""),
-            ("> 0 and extremely_long_flag and q.shape[0] > 64", "> 0 and q.shape[0] > 64"),
-        ], tmp / "g.diff")), "--tree", str(guarded)]),
-        ("cpp scale", ["--patch", str(_diff(cpp, "src/llama-model.cpp", [("1.0f/sqrtf(float(d))", "1.0f")],
-                                            tmp / "c.diff")), "--tree", str(cpp)]),
-        ("cpp case", ["--patch", str(_diff(switch, "src/llama-model.cpp", [(CPP_SWITCH, CPP_MOVED)], tmp / "s.diff")),
-                      "--tree", str(switch)]),
+        ("moe dispatch", ["--patch", str(diffs["m"]), "--tree", str(moe), "--symbol", "routed_scaling_factor"]),
+        ("router", ["--patch", str(diffs["r"]), "--tree", str(router), "--symbol", "factor"]),
+        ("platform", ["--patch", str(diffs["p"]), "--tree", str(sgl), "--platform", "cpu"]),
+        ("guard", ["--patch", str(diffs["g"]), "--tree", str(guarded)]),
+        ("cpp scale", ["--patch", str(diffs["c"]), "--tree", str(cpp)]),
+        ("cpp case", ["--patch", str(diffs["s"]), "--tree", str(switch)]),
     ]  # fmt: skip
 
 

@@ -9,10 +9,10 @@ import ast
 import difflib
 import itertools
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import lay_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -250,21 +250,14 @@ VLLM = {
 }
 
 
-def _lay(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
-
-
 @pytest.fixture
 def sgl(tmp_path: Path) -> Path:
-    return _lay(tmp_path / "sgl-tree", SGL)
+    return lay_tree(tmp_path / "sgl-tree", SGL)
 
 
 @pytest.fixture
 def vl(tmp_path: Path) -> Path:
-    return _lay(tmp_path / "vl-tree", VLLM)
+    return lay_tree(tmp_path / "vl-tree", VLLM)
 
 
 def _diff(tree: Path, rel: str, old: str, new: str, out: Path) -> Path:
