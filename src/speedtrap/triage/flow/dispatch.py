@@ -66,6 +66,8 @@ def _why(mod: Module, expr: ast.expr) -> str:
     recv = func.value if isinstance(func, ast.Attribute) else None
     owner = next((a for a in mod.ancestors(expr) if isinstance(a, _FUNCS)), None)
     params = {a.arg for a in [*owner.args.posonlyargs, *owner.args.args, *owner.args.kwonlyargs]} if owner else set()
+    if short(func, 200).startswith("torch.ops."):
+        return "a registered op (`torch.ops`): the kernel it runs is not Python read here"
     if isinstance(recv, ast.Name) and recv.id in params:
         return f"`{recv.id}` is a parameter, so which class's method runs is chosen by the caller"
     if isinstance(recv, ast.Subscript) or isinstance(func, ast.Subscript):
@@ -183,8 +185,8 @@ def methods(resolver: Resolver, mod: Module, call: ast.Call) -> tuple[list[Resol
 
 
 def candidates(resolver: Resolver, name: str, keyword: str | None = None) -> tuple[list[str], int]:
-    """Methods named ``name`` that the tree's classes define (taking ``keyword``, when given), as
-    ``Class.name (file:line)``: the first few, and how many in all."""
+    """Functions and methods named ``name`` that the tree defines at module or class level (taking ``keyword``,
+    when given), as ``Class.name (file:line)``: the first few, and how many in all."""
     words = [f"def {name}("] + ([keyword] if keyword else [])
     files = resolver.index.containing(words)
     if len(files) > _MAX_CANDIDATE_FILES:
@@ -192,11 +194,13 @@ def candidates(resolver: Resolver, name: str, keyword: str | None = None) -> tup
     found: list[str] = []
     for rel in files:
         mod = resolver.index.module(rel)
-        for cls in (n for n in (mod.nodes if mod is not None else []) if isinstance(n, ast.ClassDef)):
-            for node in cls.body:
-                if not isinstance(node, _FUNCS) or node.name != name:
-                    continue
-                params = {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
-                if keyword is None or keyword in params or node.args.kwarg is not None:
-                    found.append(f"{cls.name}.{name} ({rel}:{node.lineno})")
+        for owner in [mod.tree] if mod is not None else []:  # module-level functions, then classes' methods
+            scopes = [(None, owner.body)] + [(c.name, c.body) for c in owner.body if isinstance(c, ast.ClassDef)]
+            for cls, body in scopes:
+                for node in body:
+                    if not isinstance(node, _FUNCS) or node.name != name:
+                        continue
+                    params = {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+                    if keyword is None or keyword in params or node.args.kwarg is not None:
+                        found.append(f"{cls + '.' if cls else ''}{name} ({rel}:{node.lineno})")
     return found[:_MAX_CANDIDATES], len(found)

@@ -8,6 +8,7 @@ directories stripped (a wheel unpacks to ``vllm/...``, a checkout to ``python/sg
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from speedtrap.triage.flow.dispatch import Unread, methods
@@ -33,6 +34,7 @@ class Resolver:
     _imports: dict[str, dict[str, tuple[str, int, str | None]]] = field(default_factory=dict)
     _defs: dict[str, dict[tuple[int, str], Definition]] = field(default_factory=dict)
     unread: dict[str, list[Unread]] = field(default_factory=dict)  # call site -> what its dispatch cannot read
+    unread_calls: dict[str, str] = field(default_factory=dict)  # call site -> the call's code
 
     def unresolved_on(self, hops: tuple[str, ...]) -> list[str]:
         """What the dispatch of the calls on a route (``f(x=) at FILE:LINE`` hops) could not read, in words."""
@@ -45,6 +47,16 @@ class Resolver:
     def unresolved_at(self, where: str, callee: str) -> list[str]:
         """What the dispatch of the call ``callee`` at ``where`` could not read, with the candidates."""
         return [f"{callee}(...) at {where}: {u.describe(self)}" for u in self.unread.get(where, [])]
+
+    def unresolved_passing(self, name: str) -> list[str]:
+        """What the dispatch of the calls met so far that pass ``name`` (``name=``, or the name as an argument)
+        could not read: where a factor's route stops, when the route itself is not known."""
+        out: list[str] = []
+        for where, code in self.unread_calls.items():
+            if re.search(rf"\b{re.escape(name)}\b", code.split("(", 1)[-1]):
+                callee = code.split("(", 1)[0].rsplit(".", 1)[-1]
+                out += [t for t in self.unresolved_at(where, callee) if t not in out]
+        return out
 
     def bound(self, file: str, node: Definition) -> Resolved:
         """A method as called on an instance (the tree's own node for it: the caller may hold another parse)."""
@@ -168,6 +180,7 @@ class Resolver:
             runs, unread = methods(self, mod, call)
             if unread:
                 self.unread[f"{mod.path}:{call.lineno}"] = unread
+                self.unread_calls[f"{mod.path}:{call.lineno}"] = ast.unparse(call)
             return runs
         if found is not None or not isinstance(call.func, ast.Name):
             return [found] if found is not None else []

@@ -207,8 +207,16 @@ def triage(
                 missing = missing_applications(sig.identity, units, bases)
             doubles = merged_doubles(doubles)
             if units is not None:  # the calls on each route whose dispatch is not read, with their candidates
-                unread = units.resolver.unresolved_on
-                doubles = [dataclasses.replace(d, unresolved=tuple(unread(d.flow))) for d in doubles]
+                resolver = units.resolver  # with no route known, the calls passing the factor that stopped one
+                doubles = [
+                    dataclasses.replace(
+                        d,
+                        unresolved=tuple(
+                            resolver.unresolved_on(d.flow) if d.flow else resolver.unresolved_passing(d.symbol)[:3]
+                        ),
+                    )
+                    for d in doubles
+                ]
             if units is not None:
                 changed = {f.path for f in files if f.is_python}
                 missing += count_warnings(sig.of(SCALE), sig.identity, post, units, sites_of, changed, doubles)
