@@ -89,3 +89,14 @@ def test_a_tree_directory_with_links_out_is_read_without_following_them(tmp_path
     inside = CliRunner().invoke(app, ["triage", "--tree", str(repo), "--symbol", "scale_factor", "--json"])
     files = {s["file"] for s in json.loads(inside.stdout)["trace"]["sites"]}
     assert files == {"pkg/net.py", "pkg/alias.py"}  # the link inside the tree is kept
+
+
+def test_inspect_manifest_on_a_repo_with_links_out_of_the_tree(tmp_path: Path) -> None:
+    repo, base, head = _repo_with_links(tmp_path)
+    manifest = tmp_path / "speedtrap.toml"
+    manifest.write_text(
+        f'[target]\nrepo = "{repo}"\nbase = "{base}"\n\n[[patches]]\nname = "half"\ncommit = "{head}"\n'
+    )
+    result = CliRunner().invoke(app, ["inspect", "--pid", str(os.getpid()), "--manifest", str(manifest), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "gates" in json.loads(result.stdout)  # read: the commit patch has no switch, so no gate to compare
