@@ -46,7 +46,10 @@ class Resolver:
 
     def unresolved_at(self, where: str, callee: str) -> list[str]:
         """What the dispatch of the call ``callee`` at ``where`` could not read, with the candidates."""
-        return [f"{callee}(...) at {where}: {u.describe(self)}" for u in self.unread.get(where, [])]
+        return [
+            u.describe(self) if u.where == where else f"{callee}(...) at {where}: {u.describe(self)}"
+            for u in self.unread.get(where, [])
+        ]
 
     def unresolved_passing(self, name: str) -> list[str]:
         """What the dispatch of the calls met so far that pass ``name`` (``name=``, or the name as an argument)

@@ -12,6 +12,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from speedtrap.triage.flow.dispatch import Unread
 from speedtrap.triage.flow.resolve import Resolved, Resolver
 from speedtrap.triage.flow.sites import ALPHA_CALLS, MUL_CALLS, MULTIPLY, TRANSPARENT, Site, make_site
 from speedtrap.triage.source import Module, condition_names, last_name, short
@@ -118,9 +119,20 @@ class Flow:
 
     def _into(self, mod: Module, call: ast.Call, kw: str | None, pos: int | None, depth: int) -> list[Reach]:
         out: list[Reach] = []
-        for target in self.resolver.callees(mod, call):
+        targets = self.resolver.callees(mod, call)
+        if not targets:  # where the value's route stops: said with the tree's candidates when a warning needs it
+            self._stops(mod, call, "it is not defined in the tree (an import from outside it, or bound at run time)")
+        for target in targets:
             out.extend(self._into_one(mod, call, target, kw, pos, depth))
         return out
+
+    def _stops(self, mod: Module, call: ast.Call, why: str) -> None:
+        """Record that a value's route stops at ``call`` (unless the dispatch already said why)."""
+        where = f"{mod.path}:{call.lineno}"
+        if where not in self.resolver.unread:
+            name = last_name(call.func)
+            self.resolver.unread[where] = [Unread(f"{short(call.func, 60)}(...)", where, name, why)]
+            self.resolver.unread_calls[where] = ast.unparse(call)
 
     def _into_one(
         self, mod: Module, call: ast.Call, target: Resolved, kw: str | None, pos: int | None, depth: int
@@ -137,6 +149,9 @@ class Flow:
             index = pos + (1 if is_method else 0)
             param = params[index].arg if index < len(params) else None
         if param is None:
+            if kw is not None and func.args.kwarg is not None:
+                taken = f"`{kw}` is taken by `**{func.args.kwarg.arg}` of {func.name} ({target.file}:{func.lineno})"
+                self._stops(mod, call, f"{taken}: where it goes is not read")
             return []
         key = (target.file, func.lineno, param)
         if key not in self._memo:
