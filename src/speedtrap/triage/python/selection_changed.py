@@ -3,7 +3,7 @@ members, or an ``if``/``while`` condition or returned predicate strictly wider (
 and not the reverse) or strictly narrower, read on the ``and``/``or`` tree::
 
     return [64, 128, 256]   ->   return [64, 128, 256, 512]
-    if is_cuda and head_dim in (64, 128) and sm >= 80:   ->   without ``sm >= 80``
+    if is_cuda and head_dim in (64, 128) and sm >= 80:   ->   if is_cuda and head_dim in (64, 128):
 """
 
 from __future__ import annotations
