@@ -26,6 +26,9 @@ class Result:
     warnings: list[str] = field(default_factory=list)
     sites_named: bool | None = None
     notes: list[str] = field(default_factory=list)
+    rank: int = 0  # 1 + how many patches triage ranks above the culprit (tier, then score)
+    tied: int = 0  # patches ranked level with it
+    longest_reason: int = 0  # the longest reason or warning headline of the case, in characters
 
 
 def _site_lines(tree: Path, sites: tuple[tuple[str, str], ...], culprit_files: dict[str, str]) -> list[str]:
@@ -88,8 +91,15 @@ def run_case(case: Case, work: Path) -> Result:
     res.seconds = time.process_time() - start
     by_name = {p.name: p for p in report.patches}
     res.culprit = by_name["culprit"]
+    key = (res.culprit.tier, -res.culprit.ranking.score)
+    res.rank = 1 + sum((p.tier, -p.ranking.score) < key for p in report.patches)  # patches ranked above it
+    res.tied = sum((p.tier, -p.ranking.score) == key for p in report.patches if p is not res.culprit)
+    res.longest_reason = max(
+        (len(line) for p in report.patches for line in (*p.ranking.reasons, *(d.message for d in p.doubles))),
+        default=0,
+    )
     res.decoys = {k: v for k, v in by_name.items() if k != "culprit"}
-    res.warnings = [d.message for d in res.culprit.doubles] + list(res.culprit.missing)
+    res.warnings = [d.in_full for d in res.culprit.doubles] + list(res.culprit.missing)
     if case.factor:
         wanted = _site_lines(tree, case.sites, after)
         text = "\n".join(res.warnings)
@@ -107,6 +117,9 @@ def summary(res: Result) -> dict[str, Any]:
         "release": f"{res.case.package} {res.case.version}",
         "what": res.case.what,
         "culprit_tier": res.culprit.tier,
+        "culprit_rank": res.rank,
+        "culprit_tied": res.tied,
+        "longest_reason": res.longest_reason,
         "culprit_reason": res.culprit.ranking.reasons[0] if res.culprit.ranking.reasons else "",
         "warnings": len(res.warnings),
         "factor_case": res.case.factor is not None,

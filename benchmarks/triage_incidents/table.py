@@ -7,9 +7,9 @@ from typing import Any
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| incident | release | culprit tier | warnings (right sites) | decoys: comment / message / rewrite "
-        "/ precision | CPU s |",
-        "|---|---|---|---|---|---|",
+        "| incident | release | culprit tier | culprit ranked | warnings (right sites) | decoys: comment / message / "
+        "rewrite / precision | CPU s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d = r["decoy_tiers"]
@@ -17,8 +17,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
         held = f" (held out, {r['held_out']})" if r.get("held_out") else ""
         out.append(
-            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {r['warnings']}{named} | {decoys} "
-            f"| {r['seconds']:.2f} |"
+            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {_ranked(r)} | {r['warnings']}{named} "
+            f"| {decoys} | {r['seconds']:.2f} |"
         )
     out.append("")
     out.append(_totals("all", rows))
@@ -34,16 +34,25 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _ranked(row: dict[str, Any]) -> str:
+    """The culprit's place among the case's patches: ``1``, or ``1=`` when another patch ranks level with it."""
+    return f"{row['culprit_rank']}{'=' if row['culprit_tied'] else ''}"
+
+
 def _totals(label: str, rows: list[dict[str, Any]]) -> str:
     n = len(rows)
     t1 = sum(r["culprit_tier"] == 1 for r in rows)
+    first = sum(r["culprit_rank"] == 1 and not r["culprit_tied"] for r in rows)
+    level = sum(r["culprit_rank"] == 1 and r["culprit_tied"] > 0 for r in rows)
     factor = [r for r in rows if r["factor_case"]]
     inert = [r["decoy_tiers"][k] for r in rows for k in ("comment", "message", "rewrite") if k in r["decoy_tiers"]]
     return (
-        f"{label.capitalize()} ({n}): culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); tier 2: "
+        f"{label.capitalize()} ({n}): culprit in tier 1: {t1}/{n} ({100 * t1 / n:.0f} %); ranked first: {first}/{n}"
+        f" (and level first with another patch: {level}); tier 2: "
         f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
         f"Inert decoys above tier 3: {sum(t != 3 for t in inert)} of {len(inert)}. "
         f"Factor cases with a warning naming the right sites: "
         f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
-        f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}."
+        f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}. "
+        f"Longest reason or warning headline: {max((r.get('longest_reason', 0) for r in rows), default=0)} characters."
     )

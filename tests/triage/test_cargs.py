@@ -10,15 +10,10 @@ from _triage_one import changed_lines, triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage._cargs import (
-    argument_changes,
-    calls,
-    is_identity,
-    is_scale_like,
-    precision_changes,
-    statements,
-)
-from speedtrap.triage._ctokens import tokens, tokens_at
+from speedtrap.triage.cfamily.precision_request import precision_changes
+from speedtrap.triage.cfamily.scale_argument import argument_changes, is_identity, is_scale_like
+from speedtrap.triage.cfamily.statements import calls, statements
+from speedtrap.triage.cfamily.tokens import tokens, tokens_at
 
 SOURCE = """\
 #include "llama-graph.h"

@@ -5,8 +5,9 @@ construction; the decoy next to each is a change of the same file that must not 
 from __future__ import annotations
 
 import difflib
-import textwrap
 from pathlib import Path
+
+from _triage_one import lay_tree
 
 from speedtrap.triage import PatchReport, from_diff_files, triage
 
@@ -126,11 +127,7 @@ FILES = {
 
 
 def _tree(tmp_path: Path) -> Path:
-    root = tmp_path / "tree"
-    for rel, text in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
+    return lay_tree(tmp_path / "tree", FILES)
 
 
 def _one(tmp_path: Path, rel: str, edits: list[tuple[str, str]], symbol: str | None = None) -> PatchReport:

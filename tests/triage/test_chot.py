@@ -7,8 +7,8 @@ import difflib
 from pathlib import Path
 
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._chot import c_hot_path
-from speedtrap.triage._hotpath import EVERY_LAYER
+from speedtrap.triage.cfamily.hot_loop import c_hot_path
+from speedtrap.triage.flow.hot_path import EVERY_LAYER
 
 GRAPH = """\
 ggml_tensor * llm_graph_context::build_ffn(ggml_tensor * cur, ggml_tensor * down) {

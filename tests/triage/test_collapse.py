@@ -12,8 +12,8 @@ import pytest
 from _triage_one import triage_one_report
 
 from speedtrap.triage import PatchReport
-from speedtrap.triage._collapse import _conditionals
-from speedtrap.triage._ctokens import tokens_at
+from speedtrap.triage.cfamily.selection_collapsed import _conditionals
+from speedtrap.triage.cfamily.tokens import tokens_at
 
 SHIFT = """\
 ggml_tensor * llama_kv_cache_unified::build_rope_shift(
@@ -47,7 +47,7 @@ def test_a_c_conditional_collapsed_into_its_else_arm(tmp_path: Path) -> None:
         "                                : hparams.rope_type;\n"
     )
     report = run(tmp_path, "src/kv.cpp", SHIFT, old, "    const auto & rope_type = hparams.rope_type;\n")
-    said = "\n".join(report.ranking.reasons)
+    said = "\n".join(report.ranking.in_full)
     assert "collapses the selection on `hparams.rope_type == LLAMA_ROPE_TYPE_MROPE`" in said, said
     assert "got `LLAMA_ROPE_TYPE_NEOX`" in said and "now gets `hparams.rope_type`" in said, said
     assert report.tier <= 2 and "no known risky pattern" not in said
@@ -62,7 +62,7 @@ def test_the_condition_of_a_c_conditional_spans_and_and_or() -> None:
 
 def test_a_python_conditional_collapsed_into_its_body(tmp_path: Path) -> None:
     report = run(tmp_path, "pkg/m.py", PY, '"flashinfer" if dtype == "bf16" else "triton"', '"flashinfer"')
-    said = "\n".join(report.ranking.reasons)
+    said = "\n".join(report.ranking.in_full)
     assert "collapses the selection on `dtype == 'bf16'`" in said and "now gets `'flashinfer'`" in said, said
 
 
@@ -109,7 +109,7 @@ def test_a_condition_forced_to_a_constant_at_construction(tmp_path: Path) -> Non
         "        )\n"
     )
     report = run(tmp_path, "pkg/llama4.py", LLAMA4, FORCED, new)
-    said = report.ranking.reasons[0]
+    said = report.ranking.in_full[0]
     assert "forces the condition `vllm_config.model_config.max_model_len > 32768" in said and "to `False`" in said
     assert report.tier == 1, report.ranking.reasons
 

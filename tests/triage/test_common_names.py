@@ -12,7 +12,7 @@ import difflib
 from pathlib import Path
 
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._counts import _WIDE
+from speedtrap.triage.flow.applied_count import _WIDE
 
 LAGUNA = """\
 from typing import Any, Dict, Optional

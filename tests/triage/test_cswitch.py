@@ -8,7 +8,7 @@ from pathlib import Path
 
 from _triage_one import changed_lines, triage_one_file
 
-from speedtrap.triage._cswitch import case_moves
+from speedtrap.triage.cfamily.case_moved import case_moves
 
 SOURCE = """\
 #include "llama-model.h"
@@ -61,7 +61,7 @@ def test_a_label_moved_between_groups() -> None:
 def test_a_move_ranks_tier_1_with_both_outcomes(tmp_path: Path) -> None:
     tier, reasons = triage_one_file(tmp_path, "src/llama-model.cpp", SOURCE, MOVED)
     assert tier == 1
-    assert reasons[0].startswith("moves `case LLM_ARCH_PLAMO:` of switch (model->arch) in llama_model_rope_type")
+    assert "moves `case LLM_ARCH_PLAMO:` of switch (model->arch) in llama_model_rope_type" in reasons[0]
     assert "`return LLAMA_ROPE_TYPE_NEOX` to those that `return LLAMA_ROPE_TYPE_NORM`" in reasons[0]
 
 

@@ -9,7 +9,7 @@ from _triage_one import triage_one_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage._ctokens import inert_c, tokens
+from speedtrap.triage.cfamily.tokens import inert_c, tokens
 
 SOURCE = """\
 #include "llama-graph.h"

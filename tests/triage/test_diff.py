@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from speedtrap._errors import PatchError, SpeedtrapError
 from speedtrap.triage import DiffError, apply_patch, parse_diff
-from speedtrap.triage._diff import decode_diff
+from speedtrap.triage.source.diff import decode_diff
 
 OLD = "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"
 NEW = "a = 1\nb = 2\nc = 30\nd = 4\ne = 5\nf = 6\n"

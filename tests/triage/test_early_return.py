@@ -62,7 +62,7 @@ def run(tmp_path: Path, old: str, new: str) -> PatchReport:
 
 def test_an_early_return_of_the_unscaled_value_removed_is_a_scale_change(tmp_path: Path) -> None:
     report = run(tmp_path, DISABLED, "")
-    said = report.ranking.reasons[0]
+    said = report.ranking.in_full[0]
     assert report.tier == 1, report.ranking.reasons
     assert "removes the early return" in said and "`return base_scaling * mscale * mscale`" in said, said
     assert "scaled by mscale" in said and "pkg/m.py:18" in said, said

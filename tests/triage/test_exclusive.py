@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._pyast import parse_module
+from speedtrap.triage.source.pyast import parse_module
 
 # A statement tree: ("mark", name) | ("if", body, orelse) | ("for", body) | ("ret",) | ("seq", a, b)
 Stmt = tuple
@@ -212,7 +212,7 @@ def _table(expr: str) -> list[bool]:
 @settings(max_examples=300, deadline=None)
 @given(conditions, conditions)
 def test_implies_is_sound_on_random_conditions(old: str, new: str) -> None:
-    from speedtrap.triage._classes import implies
+    from speedtrap.triage.python.selection_changed import implies
 
     a, b = ast.parse(old, mode="eval").body, ast.parse(new, mode="eval").body
     if implies(a, b):
@@ -220,7 +220,7 @@ def test_implies_is_sound_on_random_conditions(old: str, new: str) -> None:
 
 
 def test_implies_sees_a_conjunct_lost_inside_an_alternative() -> None:
-    from speedtrap.triage._classes import implies
+    from speedtrap.triage.python.selection_changed import implies
 
     old = ast.parse("p or (q and not r) or (s and t)", mode="eval").body
     new = ast.parse("p or q or (s and t)", mode="eval").body

@@ -6,10 +6,10 @@ multiply) is known by construction."""
 from __future__ import annotations
 
 import difflib
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import lay_tree
 
 from speedtrap.triage import from_diff_files, render_plan, triage
 
@@ -80,11 +80,7 @@ RUNNER_ARG = "Runner(factor if on_output else 1.0,"
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "tree"
-    for rel, text in FILES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
+    return lay_tree(tmp_path / "tree", FILES)
 
 
 def patched(tree: Path, edits: list[tuple[str, str]], out: Path, rel: str = "pkg/layer.py") -> Path:
@@ -112,7 +108,7 @@ def test_identity_removed_reaches_the_router_multiply_and_doubles_the_runner(tre
     assert reach["hops"][0].startswith("build_router(scale=) at pkg/layer.py:")  # through the re-export alias
     [double] = [d for d in p.doubles if d.verb != "adds"]
     assert double.added.where == "pkg/router/impl.py:8" and double.other.where == "pkg/runner.py:7"
-    assert "on_output is set" in double.message and "Runner(arg 0)" in double.message
+    assert "on_output is set" in double.in_full and "Runner(arg 0)" in double.in_full
     # make_router's caller is found through the alias; build is called in Block.__init__, built per layer.
     assert p.signals.best_hot_path is not None and p.signals.best_hot_path.level == "every layer"
 
@@ -122,7 +118,7 @@ def test_identity_condition_changed(tree: Path, tmp_path: Path) -> None:
     [p] = triage(from_diff_files([diff], tree)).patches
     [sig] = [s for s in p.signals.signals if s.data.get("change") == "identity condition changed"]
     assert sig.data["factor"] == "factor" and sig.data["flags"] == ["on_output"]
-    assert any("on_output is set" in d.message for d in p.doubles)
+    assert any("on_output is set" in d.in_full for d in p.doubles)
 
 
 def test_factor_moved_from_runner_to_router_is_not_a_double_application(tree: Path, tmp_path: Path) -> None:

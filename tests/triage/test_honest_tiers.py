@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._inert import inert
+from speedtrap.triage.python.inert import inert
 
 MODEL = """\
 import logging

@@ -8,7 +8,7 @@ import ast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speedtrap.triage._inert import inert
+from speedtrap.triage.python.inert import inert
 
 NAMES = ["a", "b", "self.scale", "x"]
 

@@ -58,9 +58,10 @@ def _report(tmp_path: Path, old: str, new: str) -> PatchReport:
 
 def test_an_in_place_update_through_the_loop_variable_is_a_scale_change(tmp_path: Path) -> None:
     p = _report(tmp_path, LOOP, LOOP + "            layer.rotary_emb.rotary_dim //= 2\n")
-    first = p.ranking.reasons[0]
-    assert first.startswith(
+    first = p.ranking.in_full[0]
+    assert (
         "updates `layer.rotary_emb.rotary_dim //= 2` in place inside `for layer in self.layers` (Model.__init__)"
+        in first
     )
     assert "once per item to an object the items share" in first
     assert p.tier == 1

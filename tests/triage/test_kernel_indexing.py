@@ -8,7 +8,7 @@ from pathlib import Path
 
 from _triage_one import triage_one_file
 
-from speedtrap.triage._rank import FORWARD
+from speedtrap.triage.ranking.rank import FORWARD
 
 KERNEL = """\
 import triton

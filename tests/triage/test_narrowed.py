@@ -62,7 +62,7 @@ def test_an_alternative_dropped_from_a_kernel_selection_in_forward_is_tier_one(t
         "if x.dtype == torch.float16 and self.num_heads == 16:",
     )
     assert p.tier == 1
-    first = p.ranking.reasons[0]
+    first = p.ranking.in_full[0]
     assert first.startswith("drops the alternative `self.num_heads == 128` from")
     assert "the cases it no longer covers take the other path" in first
     assert "no known risky pattern" not in "\n".join(p.ranking.reasons)

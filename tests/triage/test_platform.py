@@ -9,10 +9,10 @@ import ast
 import difflib
 import itertools
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from _triage_one import lay_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -21,9 +21,9 @@ from speedtrap._errors import ManifestError, UsageError
 from speedtrap.cli import app
 from speedtrap.spec import Platform
 from speedtrap.triage import from_diff_files, triage
-from speedtrap.triage._platcond import Conditions
-from speedtrap.triage._platform import line_block
-from speedtrap.triage._pyast import parse_module
+from speedtrap.triage.platform.conditions import Conditions
+from speedtrap.triage.platform.placement import line_block
+from speedtrap.triage.source.pyast import parse_module
 
 # -- SGLang's shape: module-level aliases of utils' predicates, a custom op dispatching on them ---------
 
@@ -250,21 +250,14 @@ VLLM = {
 }
 
 
-def _lay(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(textwrap.dedent(text))
-    return root
-
-
 @pytest.fixture
 def sgl(tmp_path: Path) -> Path:
-    return _lay(tmp_path / "sgl-tree", SGL)
+    return lay_tree(tmp_path / "sgl-tree", SGL)
 
 
 @pytest.fixture
 def vl(tmp_path: Path) -> Path:
-    return _lay(tmp_path / "vl-tree", VLLM)
+    return lay_tree(tmp_path / "vl-tree", VLLM)
 
 
 def _diff(tree: Path, rel: str, old: str, new: str, out: Path) -> Path:
@@ -280,7 +273,7 @@ def _diff(tree: Path, rel: str, old: str, new: str, out: Path) -> Path:
 
 def _one(tree: Path, diff: Path, platform: str | None) -> tuple[int, tuple[str, ...]]:
     p = triage(from_diff_files([diff], tree), None, None, Platform(platform) if platform else None).patches[0]
-    return p.tier, p.ranking.reasons
+    return p.tier, p.ranking.in_full  # each reason with its evidence lines
 
 
 FP8 = "sgl/srt/layers/fp8_utils.py"
@@ -395,7 +388,7 @@ def test_the_model_and_the_platform_demote_one_tier_together(
     assert triage(from_diff_files([d], sgl)).patches[0].tier == 2
     import dataclasses
 
-    from speedtrap.triage import _run
+    from speedtrap.triage.ranking import run as _run
 
     real_rank = _run.rank
     # ranked tier 1 (as a risky pattern would be), so two demotions would show as tier 3
@@ -430,16 +423,17 @@ def test_vllm_dispatch_class_and_a_module_imported_only_on_rocm(vl: Path, tmp_pa
     plat = _diff(vl, "vl/platforms/rocm.py", "rocm_attn.RocmBackend", "rocm_attn.RocmBackend2", tmp_path / "p.diff")
     tier, why = _one(vl, plat, "cuda")
     assert tier == 3
-    assert why[0].startswith(
+    assert why[0].startswith("not selectable on platform cuda: in class RocmPlatform")
+    assert (
         "not selectable on platform cuda: in class RocmPlatform, which the release's platform dispatch selects "
         "only for rocm (vl/platforms/__init__.py:8 rocm_platform_plugin)"
-    )
+    ) in why[0]
     assert _one(vl, plat, "rocm")[0] == 2
     assert _one(vl, plat, "npu")[0] == 2  # no plugin for npu in the tree: not decided
     kern = _diff(vl, "vl/ops/rocm_kernels.py", "q * 2", "q * 3", tmp_path / "k.diff")
     tier, why = _one(vl, kern, "cuda")
     assert tier == 3
-    assert why[0] == (
+    assert why[0].split("\n")[-1] == (  # the whole reason, as the evidence line below its one-line headline
         "not selectable on platform cuda: in fused_rope, which is only referred to where platform cuda cannot go "
         "(vl/layers/moe.py:4: under `if current_platform.is_rocm():` (vl/layers/moe.py:3), false on cuda)"
     )

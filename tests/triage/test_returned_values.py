@@ -8,7 +8,7 @@ import difflib
 from pathlib import Path
 
 from speedtrap.triage import PatchReport, from_diff_files, triage
-from speedtrap.triage._rank import FORWARD
+from speedtrap.triage.ranking.rank import FORWARD
 
 BACKEND = """\
 from some_kernels import decode_kernel

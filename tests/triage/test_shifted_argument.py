@@ -73,7 +73,7 @@ def _triage(tmp_path: Path, kernel: str, old: str, new: str) -> PatchReport:
 def test_a_keyword_turned_positional_lands_in_an_inserted_parameter(tmp_path: Path) -> None:
     kernel = KERNEL.replace("{inserted}", INSERTED)
     report = _triage(tmp_path, kernel, "PAGED_SIZE=PAGE_SIZE,", "PAGE_SIZE,")
-    said = [r for r in report.ranking.reasons if "positionally" in r]
+    said = [r for r in report.ranking.in_full if "positionally" in r]
     assert said, report.ranking.reasons
     assert "lands in `NUM_PAGE_PER_BLOCK` (argument 8)" in said[0] and "`PAGED_SIZE` takes its default" in said[0]
     assert report.ranking.risk >= 2, report.ranking.points

@@ -35,7 +35,7 @@ def test_tier_one_is_the_routed_scaling_and_mhc_bf16_patches(report: TriageRepor
 
 def test_tier_one_reasons_are_named(report: TriageReport) -> None:
     scaling = next(p for p in report.patches if p.name == "hash_topk_routed_scaling")
-    reasons = "\n".join(scaling.ranking.reasons)
+    reasons = "\n".join(scaling.ranking.in_full)
     assert "replaces the 'not implemented' guard `assert not apply_routed_scaling_factor_on_output" in reasons
     assert "adds a multiply by routed_scaling_factor in HashTopK.forward" in reasons
     assert "possible double application of routed_scaling_factor: MoE.forward" in reasons
@@ -44,7 +44,7 @@ def test_tier_one_reasons_are_named(report: TriageReport) -> None:
     assert scaling.gate.kind == "config"
 
     mhc = next(p for p in report.patches if p.name == "mhc_bf16_gemm")
-    reasons = "\n".join(mhc.ranking.reasons)
+    reasons = "\n".join(mhc.ranking.in_full)
     assert "precision lowered to bf16 in HyperConnection.forward" in reasons
     assert "every layer" in reasons and "Block is built once per layer" in reasons
     assert mhc.signals.phases == "both" and mhc.gate.env == (("SPEEDTRAP_SMOLMOE_MHC_BF16_GEMM", "1"),)

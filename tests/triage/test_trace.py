@@ -202,7 +202,7 @@ def test_hot_path_every_layer_and_setup(tree: Path, tmp_path: Path) -> None:
     # `x and True` is not `x`: not proven inert, so not "same math", but no risky pattern either.
     assert q.tier == 2 and q.ranking.risk == 0
     assert q.ranking.reasons[0].startswith("changes computation on the forward path; no known risky pattern matched")
-    assert "pkg/model.py:" in q.ranking.reasons[0] and "config.fused and True" in q.ranking.reasons[0]
+    assert "pkg/model.py:" in q.ranking.in_full[0] and "config.fused and True" in q.ranking.in_full[0]
 
 
 def test_symbol_must_be_an_identifier(tree: Path) -> None:

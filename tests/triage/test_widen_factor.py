@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from speedtrap.triage import PatchReport, from_diff_files, triage
-from speedtrap.triage._widenfactor import words
+from speedtrap.triage.flow.widened_factor_condition import words
 
 FILES = {
     "pkg/__init__.py": "",

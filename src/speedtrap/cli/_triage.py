@@ -147,13 +147,18 @@ def _print_report(report: object) -> None:
                 f"[{p.gate.describe()} | runs {best.level if best else 'unknown'} | phases {p.signals.phases} (guess)]"
             )
             out_console.print(f"  [bold]{escape(p.name)}[/]  {facts}", highlight=False, soft_wrap=True)
-            for reason in p.ranking.reasons:
+            for i, reason in enumerate(p.ranking.reasons):
                 out_console.print(f"    - {reason}", highlight=False, soft_wrap=True, markup=False)
+                _print_lines(p.ranking.lines(i), "        ")
     for p in report.patches:
         for d in p.doubles[:1]:
             out_console.print(f"[bold red]warning:[/] {escape(d.message)}", highlight=False, soft_wrap=True)
-        for m in p.missing[:2]:
-            out_console.print(f"[bold red]warning:[/] {escape(p.name)}: {escape(m)}", highlight=False, soft_wrap=True)
+            _print_lines(d.lines, "    ")
+        for c in p.counts[:2]:
+            out_console.print(
+                f"[bold red]warning:[/] {escape(p.name)}: {escape(c.headline)}", highlight=False, soft_wrap=True
+            )
+            _print_lines(c.lines, "    ")
     for w in report.warnings:
         err_console.print(f"[yellow]note:[/] {escape(w)}", highlight=False)
     if report.trace is not None:
@@ -175,6 +180,13 @@ def _print_sites(trace: object, warn: bool = True) -> None:
     out_console.print(table)
     for d in trace.double_applications if warn else []:
         out_console.print(f"[bold red]warning:[/] {escape(d.message)}", highlight=False, soft_wrap=True)
+        _print_lines(d.lines, "    ")
+
+
+def _print_lines(lines: tuple[str, ...], indent: str) -> None:
+    """A reason's or a warning's evidence, one line each, indented below it."""
+    for line in lines:
+        out_console.print(f"{indent}{line}", highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command("inspect")

@@ -12,22 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedtrap._redact import redact_argv, redact_env, secret_name
-from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
-from speedtrap.triage._index import SourceIndex
-from speedtrap.triage._init import InitResult, init_manifest
-from speedtrap.triage._manifest import Manifest, load_manifest
-from speedtrap.triage._plan import render_plan
-from speedtrap.triage._run import PatchReport, TriageReport, triage
-from speedtrap.triage._sources import (
+from speedtrap.triage.flow import CountWarning, DoubleApplication, Site, TraceResult, trace_tree
+from speedtrap.triage.ranking import InitResult, PatchReport, TriageReport, init_manifest, render_plan, triage
+from speedtrap.triage.source import (
+    DiffError,
+    FilePatch,
+    Hunk,
+    Manifest,
     PatchInput,
     PatchSet,
+    SourceIndex,
+    apply_patch,
     from_diff_files,
     from_git_range,
     from_manifest,
     from_target,
+    load_manifest,
+    parse_diff,
     target_patch_inputs,
 )
-from speedtrap.triage._trace import CountWarning, DoubleApplication, Site, TraceResult, trace_tree
 
 __all__ = [
     "CountWarning",
