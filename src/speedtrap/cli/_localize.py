@@ -223,30 +223,29 @@ def _live(
     run_dir: Path | None,
 ) -> StackLocalization:
     """The base and ``patches`` launched from ``manifest`` one at a time, captured inside the stack, compared."""
-    from speedtrap.isolate import load_isolate_manifest
     from speedtrap.localize import DEFAULT_THRESHOLD, LiveRequest, folder_ids, localize_on_stack
-    from speedtrap.stack import Launcher
+    from speedtrap.stack import Launcher, load_stack_manifest, resolve_commit_patches
 
-    spec = load_isolate_manifest(manifest)
-    if spec.target.in_process:
-        raise UsageError(f"{manifest} names an in-process target", f"pass --target {spec.target.name}")
+    target, all_patches = load_stack_manifest(manifest)
+    if target.in_process:
+        raise UsageError(f"{manifest} names an in-process target", f"pass --target {target.name}")
     names = parse_patch_list(patches)
     base = parse_patch_list(baseline)
-    known = {p.name for p in spec.patches}
+    known = {p.name for p in all_patches}
     unknown = [n for n in [*names, *base] if n not in known]
     if not names or unknown:
         raise UsageError(
             f"--patches must name patches of {manifest}" + (f" ({', '.join(unknown)} is not one)" if unknown else ""),
             f"choose from: {', '.join(sorted(known))}",
         )
-    model = spec.probe.model or spec.target.served_model
+    model = target.served_model
     request = LiveRequest(
-        tuple(folder_ids(spec.target.model, tokens)), decode=decode, api="sglang" if spec.probe.api == "sglang" else
-        "openai", model=model, param=param, values=None if values is None else tuple(values),
-        threshold=threshold or DEFAULT_THRESHOLD,
+        tuple(folder_ids(target.model, tokens)), decode=decode, model=model, param=param,
+        values=None if values is None else tuple(values), threshold=threshold or DEFAULT_THRESHOLD,
     )  # fmt: skip
     folder = run_dir or Path("speedtrap-runs") / "live-localize"
-    launcher = Launcher(spec.target, spec.patches, model)
+    target, all_patches = resolve_commit_patches(target, all_patches)
+    launcher = Launcher(target, all_patches, model)
     try:
         with err_console.status(f"launching the base, then {', '.join(names)}, one stack at a time (in {folder})"):
             return localize_on_stack(launcher, names, folder, request, base=base)

@@ -45,7 +45,7 @@ class LiveRequest:
 
     ids: tuple[int, ...]
     decode: int = 4
-    api: Api = "openai"
+    api: Api | None = None  # None: SGLang's /generate where the agent attached inside SGLang, else /v1/completions
     model: str | None = None  # the served model's name (None: the server's first)
     param: str | None = "routed_scaling_factor"  # None: no scale check
     values: tuple[float, ...] | None = None
@@ -169,7 +169,20 @@ def _stack_words(launcher: Launcher) -> str:
 
 
 def _base_key(roles: Sequence[str], request: LiveRequest, base: tuple[str, ...]) -> dict[str, Any]:
+    """What the stored base depends on: the roles, the request (the scale check's factor and values included:
+    a base stored without the factor's scale check is measured again when one is asked for)."""
     return {"roles": list(roles), "request": request.key(), "base": list(base)}
+
+
+def _same_base(stored: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """The stored base serves ``wanted``: the same capture, and the scale check asked for (if any) stored with it."""
+    keep = ("ids", "decode", "api")
+    same = stored.get("roles") == wanted["roles"] and stored.get("base") == wanted["base"]
+    old, new = stored.get("request", {}), wanted["request"]
+    same = same and all(old.get(k) == new[k] for k in keep)
+    if new["param"] is not None:
+        same = same and old.get("param") == new["param"] and old.get("values") == new["values"]
+    return same
 
 
 def _stored_base(
@@ -177,15 +190,17 @@ def _stored_base(
 ) -> dict[str, _Measured] | None:
     """The base's captures of an earlier call with the same request, or None (then it is measured)."""
     try:
-        if json.loads((folder / "base.key.json").read_text()) != _base_key(roles, request, base):
+        if not _same_base(json.loads((folder / "base.key.json").read_text()), _base_key(roles, request, base)):
             return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return None
     out = {}
     for role in roles:
         capture = load_capture(folder / f"base.{role}.capture", f"base {role}")  # unreadable: an error, not a pass
         scale_file = folder / f"base.{role}.scale.json"
-        scale = ScaleCheckResult.from_json(json.loads(scale_file.read_text())) if scale_file.exists() else None
+        scale = None
+        if request.param is not None and scale_file.exists():
+            scale = ScaleCheckResult.from_json(json.loads(scale_file.read_text()))
         out[role] = _Measured(capture, scale, str(capture.source.kind))
     return out
 
@@ -218,15 +233,16 @@ def _measure(
                 link = AgentLink(agents / role, f"{name} {role}", request.timeout)
                 engine = str(link.agents()[0].get("engine", ""))
                 mechanism: Mechanism = "sglang-dumper" if engine == SGLANG else "agent"
+                api: Api = request.api or ("sglang" if engine == SGLANG else "openai")
                 capture = capture_live(
                     entry, (dumps if mechanism == "sglang-dumper" else agents) / role, list(request.ids),
-                    api=request.api, out=folder / f"{name}.{role}.capture", decode=request.decode,
+                    api=api, out=folder / f"{name}.{role}.capture", decode=request.decode,
                     role=f"{name} {role}", stack=_stack_words(launcher), label=label, repeat=repeat,
                     mechanism=mechanism, model=request.model, timeout=request.timeout, control_url=own,
                 )  # fmt: skip
                 scale = None
                 if request.param is not None:
-                    scale = _scale(entry, agents / role, request, f"{name} {role}", label, capture)
+                    scale = _scale(entry, agents / role, request, api, f"{name} {role}", label, capture)
                 if scale is not None and name == "base":
                     (folder / f"base.{role}.scale.json").write_text(json.dumps(scale.to_json()))
                 out[role] = _Measured(capture, scale, mechanism)
@@ -237,7 +253,7 @@ def _measure(
 
 
 def _scale(
-    url: str, folder: Path, request: LiveRequest, role: str, label: tuple[str, ...], capture: Capture
+    url: str, folder: Path, request: LiveRequest, api: Api, role: str, label: tuple[str, ...], capture: Capture
 ) -> ScaleCheckResult | None:
     """The scale check in a role that runs the prompt's prefill (a decode-only role never sees one)."""
     prefill_rows = any(int(m.rows["pos"].min()) == 0 for m in capture.modules if m.count)
@@ -246,7 +262,7 @@ def _scale(
     assert request.param is not None
     try:
         return scale_live(
-            url, folder, list(request.ids), api=request.api, param=request.param, values=request.values,
+            url, folder, list(request.ids), api=api, param=request.param, values=request.values,
             role=role, label=label, model=request.model, timeout=request.timeout,
         )  # fmt: skip
     except UsageError as exc:  # no module of this engine holds the factor: said, not raised
