@@ -111,8 +111,8 @@ def run_cmd(
             raise UsageError("--patches/--set are for in-process targets", "list a manifest's patches in the manifest")
         if not manifest.is_file():
             raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
-        source = Source(manifest=str(manifest.resolve()), symbol=None, quick=quick)
-        settings = PipelineSettings(quick=quick, localize=False)
+        source = Source(manifest=str(manifest.resolve()), symbol=symbol or None, quick=quick)
+        settings = PipelineSettings(quick=quick)  # localize runs inside the manifest's stack (live)
         run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
     else:
         name = str(target)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from speedtrap._errors import SpeedtrapError
 from speedtrap.pipeline._context import Context
+from speedtrap.pipeline._settings import stable_key
 from speedtrap.report import commands
 from speedtrap.rundir import (
     ISOLATE_DIR,
@@ -325,9 +326,16 @@ class _LiveCulprit:
         key = (sorted(patches), tokens, self.request.key())
         ctx.part(layers_path(ctx.run_dir, patches), ("layers-live", *key), self.make_layers)
         ctx.progress.advance("localize", 1, f"live layer diff {' + '.join(patches)}")
-        if ctx.source.symbol:
-            ctx.part(scale_path(ctx.run_dir, patches), ("scale-live", *key), self.make_scale)
-            ctx.progress.advance("localize", 1, f"live scale check {' + '.join(patches)}")
+        if not ctx.source.symbol:
+            return
+        path, parts = scale_path(ctx.run_dir, patches), ("scale-live", *key)
+        stored = ctx.stored(path, stable_key(ctx.base_key(), *parts))
+        if stored is None and self.measured().shown.scale is None:  # nothing holds the factor: said, not stored
+            why = f"no module of the stack holds {ctx.source.symbol!r} at its config value"
+            ctx.progress.advance("localize", 1, f"live scale check {' + '.join(patches)}: {why}")
+            return
+        ctx.part(path, parts, self.make_scale)
+        ctx.progress.advance("localize", 1, f"live scale check {' + '.join(patches)}")
 
     def make_layers(self, key: str) -> Part:
         result = self.measured()
@@ -338,13 +346,7 @@ class _LiveCulprit:
     def make_scale(self, key: str) -> Part:
         result = self.measured()
         scale = result.shown.scale
-        symbol = self.ctx.source.symbol
-        if scale is None:
-            raise SpeedtrapError(
-                f"no role of the stack measured {symbol!r} (no module holds it at its config value, or no role "
-                "ran the prompt's prefill)",
-                "check --symbol, or the live localize's files in localize/live/",
-            )
+        assert scale is not None  # store() checked
         values = self.request.values
         command = commands.scale(self.ctx.source, self.patches, self.ctx.settings.tokens, values)
         return Part("scale", scale.to_json(), patches=self.patches, command=command, extra=result.extra())
