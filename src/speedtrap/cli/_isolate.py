@@ -61,6 +61,9 @@ def bisect_cmd(
         int | None,
         typer.Option("--workers", help="Trials at once (servers or Ray workers; Ray's default: what fits)."),
     ] = None,
+    localize: Annotated[
+        bool, typer.Option("--localize", help="--manifest: then localize each culprit inside the stack (live).")
+    ] = False,
     json: JsonOpt = False,
 ) -> None:
     """Find every minimal set of patches that makes the stack fail, and say which ones only interact."""
@@ -70,6 +73,8 @@ def bisect_cmd(
 
     if (target is None) == (manifest is None):
         raise UsageError("give exactly one of --target or --manifest", "e.g. --target smol-moe")
+    if localize and manifest is None:
+        raise UsageError("--localize is for --manifest (a stack)", "in-process: speedtrap run --target T localizes")
     if manifest is not None and (patches or set_ or probe):
         raise UsageError("--patches, --set and --probe are for --target", "write them in the manifest instead")
     from speedtrap.probe import load_floor
@@ -106,10 +111,16 @@ def bisect_cmd(
             result = isolate(spec, directory, resume=resume, executor=runner, progress=bar)
     finally:
         runner.close()
-    if json:
-        emit_json({"run_dir": str(directory), **result.to_json()})
-    else:
+    if not json:
         _print(result)
+    localized = None
+    if localize:
+        from speedtrap.cli._localize import localize_culprits
+
+        assert manifest is not None
+        localized = localize_culprits(manifest, [tuple(c) for c in result.culprit_names], directory / "localize")
+    if json:
+        emit_json({"run_dir": str(directory), **result.to_json(), **({"localize": localized} if localize else {})})
     hint = inconclusive_hint(result, spec.verdict)
     if hint:
         err_console.print(escape(hint), highlight=False)

@@ -223,34 +223,16 @@ def _live(
     run_dir: Path | None,
 ) -> StackLocalization:
     """The base and ``patches`` launched from ``manifest`` one at a time, captured inside the stack, compared."""
-    from speedtrap.localize import DEFAULT_THRESHOLD, LiveRequest, folder_ids, localize_on_stack
-    from speedtrap.stack import Launcher, load_stack_manifest, resolve_commit_patches
+    from speedtrap.localize import DEFAULT_THRESHOLD, localize_manifest
 
-    target, all_patches = load_stack_manifest(manifest)
-    if target.in_process:
-        raise UsageError(f"{manifest} names an in-process target", f"pass --target {target.name}")
-    names = parse_patch_list(patches)
-    base = parse_patch_list(baseline)
-    known = {p.name for p in all_patches}
-    unknown = [n for n in [*names, *base] if n not in known]
-    if not names or unknown:
-        raise UsageError(
-            f"--patches must name patches of {manifest}" + (f" ({', '.join(unknown)} is not one)" if unknown else ""),
-            f"choose from: {', '.join(sorted(known))}",
-        )
-    model = target.served_model
-    request = LiveRequest(
-        tuple(folder_ids(target.model, tokens)), decode=decode, model=model, param=param,
-        values=None if values is None else tuple(values), threshold=threshold or DEFAULT_THRESHOLD,
-    )  # fmt: skip
     folder = run_dir or Path("speedtrap-runs") / "live-localize"
-    target, all_patches = resolve_commit_patches(target, all_patches)
-    launcher = Launcher(target, all_patches, model)
-    try:
-        with err_console.status(f"launching the base, then {', '.join(names)}, one stack at a time (in {folder})"):
-            return localize_on_stack(launcher, names, folder, request, base=base)
-    finally:
-        launcher.close()
+    names = parse_patch_list(patches)
+    with err_console.status(f"launching the base, then {', '.join(names) or '?'}, one stack at a time (in {folder})"):
+        [result] = localize_manifest(
+            manifest, [names], folder, tokens=tokens, decode=decode, param=param, values=values,
+            threshold=threshold or DEFAULT_THRESHOLD, baseline=parse_patch_list(baseline),
+        )  # fmt: skip
+    return result
 
 
 def _floats(text: str | None) -> list[float] | None:
@@ -260,3 +242,27 @@ def _floats(text: str | None) -> list[float] | None:
         return [float(v) for v in parse_patch_list(text)]
     except ValueError:
         raise UsageError(f"--values {text!r} is not a comma-separated list of numbers", "e.g. --values 1,2,4") from None
+
+
+def localize_culprits(manifest: Path, culprits: list[tuple[str, ...]], folder: Path) -> list[dict[str, object]]:
+    """``--localize`` of bisect and check: each culprit set localized inside the stack; printed, and as JSON."""
+    from speedtrap.localize import localize_manifest, scale_words
+
+    if not culprits:
+        err_console.print("--localize: no culprit to localize", highlight=False)
+        return []
+    err_console.print(f"localizing {len(culprits)} culprit set(s) inside the stack (one launch at a time)")
+    found = localize_manifest(manifest, culprits, folder)
+    out: list[dict[str, object]] = []
+    for live in found:
+        shown = live.shown
+        first = shown.layers.first_divergent
+        line = f"localize {'+'.join(live.culprit)}: first divergent module {first or 'none'}"
+        if shown.scale is not None:
+            line += f"; {shown.scale.param}: {scale_words(shown.scale.units)}"
+        if shown.base_scale is not None:
+            line += f"; in the base: {scale_words(shown.base_scale.units)}"
+        out_console.print(f"{line} (measured {live.measured_on()})", highlight=False, markup=False, soft_wrap=True)
+        out.append({"culprit": list(live.culprit), "layers": shown.layers.to_json(),
+                    "scale": None if shown.scale is None else shown.scale.to_json(), "live": live.extra()})  # fmt: skip
+    return out

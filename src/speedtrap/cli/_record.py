@@ -206,6 +206,9 @@ def check_callback(
     bisect_on_fail: Annotated[
         bool, typer.Option("--bisect-on-fail", help="On a regression, find the culprit patches (needs --manifest).")
     ] = False,
+    localize: Annotated[
+        bool, typer.Option("--localize", help="--bisect-on-fail: then localize each culprit inside the stack (live).")
+    ] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="--bisect-on-fail: where trials are kept.")] = None,
     config: Annotated[
         str | None,
@@ -291,14 +294,22 @@ def check_callback(
         except OSError as exc:
             raise UsageError(f"cannot write --junit {str(junit)!r}: {exc.strerror}", "pass a writable path") from None
     hunt, hunt_error = None, None
+    localized = None
     if not result.passed and bisect_on_fail:
         assert manifest is not None
         try:
             hunt = _hunt(manifest, recording, result, run_dir, getattr(cand, "model", None))
+            if localize:
+                from speedtrap.cli._localize import localize_culprits
+
+                folder = (run_dir or Path(tempfile.mkdtemp(prefix="speedtrap-check-"))) / "localize"
+                localized = localize_culprits(manifest, [tuple(c) for c in hunt.culprit_names], folder)
         except SpeedtrapError as exc:  # the regression stands (exit 1); the hunt's error is said beside it
             hunt_error = exc.one_line()
     if json:
         doc = {**result.to_json(), "bisect": hunt.to_json() if hunt is not None else None}
+        if localize:
+            doc["localize"] = localized
         emit_json({**doc, "bisect_error": hunt_error} if hunt_error is not None else doc)
     else:
         _print_gate(result, hunt)

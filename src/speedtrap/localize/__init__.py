@@ -22,6 +22,7 @@ from speedtrap.localize._results import (
     PinnedSite,
     ScaleCheckResult,
     ScaleUnit,
+    scale_words,
 )
 
 if TYPE_CHECKING:
@@ -32,7 +33,13 @@ if TYPE_CHECKING:
     from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
     from speedtrap.localize._live import capture_live, scale_live
     from speedtrap.localize._livediff import NOISE_MARGIN, compare_captures
-    from speedtrap.localize._on_stack import LiveRequest, RoleResult, StackLocalization, localize_on_stack
+    from speedtrap.localize._on_stack import (
+        LiveRequest,
+        RoleResult,
+        StackLocalization,
+        localize_manifest,
+        localize_on_stack,
+    )
     from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
 
 __all__ = [
@@ -63,16 +70,19 @@ __all__ = [
     "folder_ids",
     "layer_diff",
     "load_capture",
+    "localize_manifest",
     "localize_on_stack",
     "parse_capture",
     "parse_dump_name",
     "save_capture",
     "scale_live",
+    "scale_words",
     "shared_copy",
 ]
 
 # The rest loads on first use, so that reading the result types loads no stage machinery.
 _LAZY = {
+    "localize_manifest": "speedtrap.localize._on_stack",
     "folder_ids": "speedtrap.localize._inputs",
     "LiveRequest": "speedtrap.localize._on_stack",
     "RoleResult": "speedtrap.localize._on_stack",

@@ -295,3 +295,43 @@ def _shown_role(launcher: Launcher, culprit: Sequence[str], results: Mapping[str
     if not diverged:
         notes.append("no model role diverged over the threshold")
     return (switched or list(results))[0], notes
+
+
+def localize_manifest(
+    manifest: Path,
+    culprits: Sequence[Sequence[str]],
+    folder: Path,
+    *,
+    tokens: int = 96,
+    decode: int = 4,
+    param: str | None = "routed_scaling_factor",
+    values: Sequence[float] | None = None,
+    threshold: float = 1e-8,
+    baseline: Sequence[str] = (),
+) -> list[StackLocalization]:
+    """Each culprit set of ``manifest``'s patches localized inside its stack (the base launched once)."""
+    from speedtrap.localize._inputs import folder_ids
+    from speedtrap.stack import load_stack_manifest, resolve_commit_patches
+
+    target, patches = load_stack_manifest(Path(manifest))
+    if target.in_process:
+        raise UsageError(f"{manifest} names an in-process target", f"localize it with --target {target.name}")
+    known = {p.name for p in patches}
+    for culprit in [*culprits, baseline]:
+        unknown = [n for n in culprit if n not in known]
+        if unknown or (culprit is not baseline and not culprit):
+            raise UsageError(
+                f"--patches must name patches of {manifest}"
+                + (f" ({', '.join(unknown)} is not one)" if unknown else ""),
+                f"choose from: {', '.join(sorted(known))}",
+            )
+    target, patches = resolve_commit_patches(target, patches)
+    request = LiveRequest(
+        tuple(folder_ids(target.model, tokens)), decode=decode, model=target.served_model, param=param,
+        values=None if values is None else tuple(values), threshold=threshold,
+    )  # fmt: skip
+    launcher = Launcher(target, patches, target.served_model)
+    try:
+        return [localize_on_stack(launcher, c, folder, request, base=baseline) for c in culprits]
+    finally:
+        launcher.close()

@@ -269,3 +269,25 @@ class ScaleCheckResult:
             units=tuple(ScaleUnit.from_json(u) for u in data["units"]),
             pinned=tuple(PinnedSite.from_json(p) for p in data.get("pinned", [])),
         )
+
+
+def _layers_list(layers: Sequence[int]) -> str:
+    ordered = sorted(layers)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"layers {ordered[0]}-{ordered[-1]}"
+    return ("layer " if len(ordered) == 1 else "layers ") + ", ".join(str(x) for x in ordered)
+
+
+def scale_words(units: Sequence[ScaleUnit]) -> str:
+    """``layers 0-5: exponent ≈ 2.00, applied twice; layers 6-29: exponent ≈ 1.00, applied once``."""
+    groups: dict[int | None, list[int]] = {}
+    for r in units:
+        if r.layer is not None:
+            groups.setdefault(r.times, []).append(r.layer)
+    words = {0: "never applied", 1: "applied once", 2: "applied twice", None: "not a clean power law"}
+    parts = []
+    for times in sorted(groups, key=lambda t: (t is None, -(t or 0) if t != 1 else 99)):
+        exps = [r.exponent for r in units if r.times == times and r.exponent is not None]
+        mean = f"exponent ≈ {sum(exps) / len(exps):.2f}, " if exps else ""
+        parts.append(f"{_layers_list(groups[times])}: {mean}{words.get(times, f'applied {times} times')}")
+    return "; ".join(parts)

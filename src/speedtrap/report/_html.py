@@ -12,12 +12,12 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedtrap.localize import scale_words
 from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._mdhtml import inline, markdown_to_html
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
-from speedtrap.report._verdict import scale_words
 from speedtrap.rundir import slug, write_atomic
 
 HTML_NAME = "report.html"
@@ -221,7 +221,7 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
                     f"{_esc(', '.join(fmt(v) for v in sc.values))}): applied {once}.</p>"
                 )
                 if loc.base_scale is not None:
-                    parts.append(f"<p>In the base configuration: {_esc(scale_words(loc.base_scale))}.</p>")
+                    parts.append(f"<p>In the base configuration: {_esc(scale_words(loc.base_scale.rows))}.</p>")
                 parts.append(_figures(figs, "localization", f"scale-{slug('-'.join(loc.patches))}"))
                 parts.append(
                     f"<details><summary>Exponent per module</summary>{_table(_tables.scale_table(sc))}</details>"

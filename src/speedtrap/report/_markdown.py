@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedtrap.localize import scale_words
 from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
-from speedtrap.report._verdict import scale_words
 from speedtrap.rundir import slug, write_atomic
 
 MD_NAME = "report.md"
@@ -115,7 +115,7 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
                 once = "exactly once everywhere" if sc.exactly_once else "NOT exactly once everywhere"
                 out.append(f"Scale check of `{sc.param}` (nominal {fmt(sc.nominal)}): applied {once}.\n")
                 if loc.base_scale is not None:
-                    out.append(f"In the base configuration: {scale_words(loc.base_scale)}.\n")
+                    out.append(f"In the base configuration: {scale_words(loc.base_scale.rows)}.\n")
                 out.append(_figures(figs, "localization", f"scale-{name}"))
                 out.append(_table(_tables.scale_table(sc)))
     out.append("\n## Reproduce\n\n" + _table(_tables.reproduce_table(data)))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from speedtrap._shapes import CulpritSet
+from speedtrap.localize import scale_words
 from speedtrap.report._bylength import length_patterns
 from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, ReportVerdict, TriageSection
-from speedtrap.report._stages import IsolationSection, Localization, ScaleSection
+from speedtrap.report._stages import IsolationSection, Localization
 from speedtrap.report._tables import fmt, patches_label
 
 
@@ -118,38 +119,16 @@ def _layers_sentence(loc: Localization) -> str | None:
     return text + "."
 
 
-def _layers_list(layers: Sequence[int]) -> str:
-    ordered = sorted(layers)
-    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
-        return f"layers {ordered[0]}-{ordered[-1]}"
-    return ("layer " if len(ordered) == 1 else "layers ") + ", ".join(str(x) for x in ordered)
-
-
 def _scale_sentence(loc: Localization) -> str | None:
     sc = loc.scale
     if sc is None or not sc.rows:
         return None
-    text = f"Scale check of `{sc.param}` with {_code(loc.patches)}: {scale_words(sc)}"
+    text = f"Scale check of `{sc.param}` with {_code(loc.patches)}: {scale_words(sc.rows)}"
     if loc.base_scale is not None and loc.base_scale.rows:
-        text += f"; in the base configuration: {scale_words(loc.base_scale)}"
+        text += f"; in the base configuration: {scale_words(loc.base_scale.rows)}"
     if loc.measured_on:
         text += f" (measured {loc.measured_on})"
     return text + "."
-
-
-def scale_words(sc: ScaleSection) -> str:
-    """``layers 0-5: exponent ≈ 2.00, applied twice; layers 6-29: exponent ≈ 1.00, applied once``."""
-    groups: dict[int | None, list[int]] = {}
-    for r in sc.rows:
-        if r.layer is not None:
-            groups.setdefault(r.times, []).append(r.layer)
-    words = {0: "never applied", 1: "applied once", 2: "applied twice", None: "not a clean power law"}
-    parts = []
-    for times in sorted(groups, key=lambda t: (t is None, -(t or 0) if t != 1 else 99)):
-        exps = [r.exponent for r in sc.rows if r.times == times and r.exponent is not None]
-        mean = f"exponent ≈ {sum(exps) / len(exps):.2f}, " if exps else ""
-        parts.append(f"{_layers_list(groups[times])}: {mean}{words.get(times, f'applied {times} times')}")
-    return "; ".join(parts)
 
 
 def build_verdict(
