@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from speedtrap._errors import UsageError
-from speedtrap.localize._agentlink import AgentLink, Api, send_request
+from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_request
 from speedtrap.localize._capture import AgentSource, Capture, ModuleRows, save_capture
 from speedtrap.localize._livediff import noise_of
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
@@ -93,6 +93,7 @@ def _once(
     timeout: float,
 ) -> Capture:
     started = time.monotonic()
+    flush_cache(url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat computes it all again
     if mechanism == "sglang-dumper":
         from speedtrap.localize._dumper import capture_dumper
 
