@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_stack import ROOT, START_TIMEOUT, sglang_argv, sglang_env
+from sglang_stack import ROOT, START_TIMEOUT, ensure_python, sglang_argv, sglang_env
 
 from speedtrap.isolate import LaunchSpec, Server, free_port, launch
 from speedtrap.localize import agent_env, capture_live, check_scale, compare_captures, dumper_env, scale_live
@@ -50,8 +50,8 @@ def _launch(python: Path, model: Path, tmp: Path, name: str, source: Path | None
 
 
 @pytest.fixture(scope="module")
-def measured(stack: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    python, _ = stack
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    python = ensure_python()  # the venv only: nothing is written into the clone
     tmp = tmp_path_factory.mktemp("sglang-live")
     model = build_example.export_model(tmp / "model")
     repo = tmp / "sglang-src"
