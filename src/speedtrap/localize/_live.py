@@ -66,7 +66,8 @@ def capture_live(
     first = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
     if repeat:
         second = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
-        first = _with(first, noise=noise_of(first, second), seconds=first.seconds + second.seconds)
+        both = {"seconds": first.seconds + second.seconds, "raw_bytes": first.raw_bytes + second.raw_bytes}
+        first = _with(first, noise=noise_of(first, second), **both)
     compact = save_capture(first, out)
     first.extra["bytes"] = compact
     return first
