@@ -216,11 +216,15 @@ class Capture:
         part["occ"].append(torch.full((n,), occurrence, dtype=torch.long))
         part["fwd"].append(torch.full((n,), len(self.forwards) - 1, dtype=torch.long))
 
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
     def finish(self, out: Path) -> None:
         import torch
 
-        for h in self.handles:
-            h.remove()
+        self.close()
         tensors: dict[str, Any] = {}
         modules = []
         for i, (key, part) in enumerate(self.parts.items()):
