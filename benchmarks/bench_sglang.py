@@ -49,14 +49,8 @@ import build_example  # noqa: E402
 from sglang_stack import ensure_python  # noqa: E402
 
 from _watch import ServerWatcher, argv_has, descends_from  # noqa: E402
-from speedtrap.isolate import (  # noqa: E402
-    IsolateManifest,
-    PatchSpec,
-    ServerOracle,
-    TrialRequest,
-    isolate,
-    load_isolate_manifest,
-)
+from speedtrap.isolate import IsolateManifest, ServerOracle, TrialRequest, isolate, load_isolate_manifest  # noqa: E402
+from speedtrap.stack import PatchSpec  # noqa: E402
 
 MARK = argv_has(b"-m", b"sglang.launch_server")
 

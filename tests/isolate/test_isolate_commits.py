@@ -21,14 +21,8 @@ from typer.testing import CliRunner
 
 from speedtrap._errors import ManifestError
 from speedtrap.cli import app
-from speedtrap.isolate import (
-    IsolateResult,
-    PatchRelation,
-    Status,
-    Worktrees,
-    isolate,
-    load_isolate_manifest,
-)
+from speedtrap.isolate import IsolateResult, PatchRelation, Status, isolate, load_isolate_manifest
+from speedtrap.stack import Worktrees
 
 BOUND = 0.5
 NAMES = ("fused_helper", "route_scale", "tuned_helper")
@@ -334,7 +328,7 @@ def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> CommitStack:
 def test_any_commit_spec_resolves_or_is_one_manifest_error(shared_stack: CommitStack, spec: str) -> None:
     """Whatever a user writes as `commit`, the parser either resolves it to commits in base..HEAD or
     raises a ManifestError (one line), never another exception."""
-    from speedtrap.isolate import PatchSpec, resolve_commits_in
+    from speedtrap.stack import PatchSpec, resolve_commits_in
 
     try:
         _, base, (patch,) = resolve_commits_in(shared_stack.repo, shared_stack.base, [PatchSpec("p", commit=spec)])

@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from speedtrap._errors import ServerError
-from speedtrap.isolate import CommandNotFound, LaunchSpec, free_port, launch
-from speedtrap.isolate._launch import start, wait_healthy
+from speedtrap.stack import CommandNotFound, LaunchSpec, free_port, launch, start, wait_healthy
 
 TINY = Path(__file__).with_name("tiny_server.py")
 

@@ -24,13 +24,13 @@ from speedtrap.isolate import (
     IsolateManifest,
     RayExecutor,
     Status,
-    TargetSpec,
     TrialResources,
     TrialStore,
     VerdictSpec,
     isolate,
     load_isolate_manifest,
 )
+from speedtrap.stack import TargetSpec
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install 'speedtrap[ray]'`")
 

@@ -16,9 +16,10 @@ import pytest
 
 from _watch import ServerWatcher, argv_has
 from speedtrap._errors import ManifestError, UsageError
-from speedtrap.isolate import ProbeSpec, ServerOracle, Status, TargetSpec, isolate, load_isolate_manifest
+from speedtrap.isolate import ProbeSpec, ServerOracle, Status, isolate, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, Identity
 from speedtrap.probe._recording_format import FORMAT, VERSION, Block, Names, RecordingWriter, SequenceRecord
+from speedtrap.stack import TargetSpec
 
 SETTINGS = {"lengths": [64], "sequences": 1, "decode_tokens": 8, "bucket_size": 64, "top_k": 5}
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap.isolate import Status, isolate, load_isolate_manifest
 from speedtrap.isolate._oracle import ServerOracle
-from speedtrap.isolate._roles import _placeholders
+from speedtrap.stack._roles import _placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SERVER = Path(__file__).with_name("tiny_server.py")
@@ -291,8 +291,12 @@ def test_inspect_of_the_manifest_finds_every_role_and_its_processes(tmp_path: Pa
         assert by_role["prefill"]["patches_on"] == ["p1@prefill"]
         assert by_role["decode"]["patches_on"] == ["p2"]  # p1@prefill is not a gate of the decode
         assert by_role["router"]["gates"] == []  # no patch applies to the router
+        assert by_role["prefill"]["switches"] == {} and "--port" in by_role["prefill"]["argv"]
         text = CliRunner().invoke(app, ["inspect", "--manifest", str(path)]).output
         assert f"pid {child}" in text and "environment unreadable" in text
+        # each role's launch line is in the text too, with its own port (not only in --json)
+        for role, row in by_role.items():
+            assert f"--port {row['port']}" in text, role
     out = CliRunner().invoke(app, ["inspect", "--manifest", str(path)])
     assert out.exit_code == 2 and "no live stack" in out.output
 

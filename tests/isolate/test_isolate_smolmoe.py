@@ -23,7 +23,6 @@ from speedtrap.isolate import (
     Outcome,
     ProbeSpec,
     Status,
-    TargetSpec,
     ThresholdRule,
     TrialRequest,
     VerdictSpec,
@@ -31,6 +30,7 @@ from speedtrap.isolate import (
     load_isolate_manifest,
     manifest_for_target,
 )
+from speedtrap.stack import TargetSpec
 from speedtrap.targets._base import InProcessModel
 from speedtrap.targets.smolmoe import SmolMoETarget
 from speedtrap.targets.smolmoe.weights import default_gguf_path

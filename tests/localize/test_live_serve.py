@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from speedtrap._errors import ServerError
-from speedtrap.isolate import LaunchSpec, Server, free_port, launch
 from speedtrap.localize import (
     Capture,
     LayerDiffResult,
@@ -31,6 +30,7 @@ from speedtrap.localize import (
     load_capture,
     scale_live,
 )
+from speedtrap.stack import LaunchSpec, Server, free_port, launch
 from speedtrap.targets._base import InProcessModel
 
 PROMPT = 24
@@ -63,7 +63,7 @@ def _serve(tmp: Path, name: str, *args: str, **env: str) -> tuple[Server, Path, 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory, smol_ids: list[int]) -> Iterator[Live]:
-    from speedtrap.isolate._launch import _LIVE
+    from speedtrap.stack._launch import _LIVE
 
     tmp = tmp_path_factory.mktemp("live")
     ids = smol_ids[:PROMPT]

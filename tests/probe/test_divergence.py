@@ -64,6 +64,11 @@ def test_a_decode_only_patch_is_invisible_to_prefill(base: InProcessBackend, smo
     report = _divergence(base, smol_scaled, ["fp8_kv_cache"])
     assert report.phases["prefill"].overall.kl_max == 0.0
     assert report.phases["decode"].overall.kl_mean > 1e-4
+    # The JSON carries the figures a verdict reads: worst = the worse phase, here decode's (prefill is exactly 0).
+    worst = report.to_json()["worst"]
+    decode = report.phases["decode"].overall
+    assert worst["kl_p99"] == decode.kl_p99 > 0 and worst["kl_mean"] == decode.kl_mean
+    assert worst["same_top1"] == min(decode.same_top1, report.phases["prefill"].overall.same_top1)
 
 
 def test_a_change_recall_cannot_see_stands_out_in_divergence(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sglang_stack import SECRET, ensure_stack, start_sglang
 
-from speedtrap.isolate import Server
+from speedtrap.stack import Server
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _stacks import ensure_stack_dir, locked
 
 if TYPE_CHECKING:
-    from speedtrap.isolate import Server
+    from speedtrap.stack import Server
 
 
 SGLANG_VERSION = "0.5.23"
@@ -207,7 +207,7 @@ def start_sglang(
 ) -> Server:
     """An SGLang server started through isolate's launcher (own process group, stopped with its children);
     ``source``: a folder holding an ``sglang`` package that shadows the venv's (a worktree of the example)."""
-    from speedtrap.isolate import LaunchSpec, free_port, launch
+    from speedtrap.stack import LaunchSpec, free_port, launch
 
     port = free_port()
     spec = LaunchSpec(

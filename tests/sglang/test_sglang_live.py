@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 from sglang_stack import SECRET
 from shapes import REPLAYED, differences, load
 
-from speedtrap.isolate import Server
 from speedtrap.serve import create_app
+from speedtrap.stack import Server
 from speedtrap.targets._base import InProcessModel
 
 pytestmark = pytest.mark.slow

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from sglang_stack import ROOT, START_TIMEOUT, ensure_python, sglang_argv, sglang_env
 
-from speedtrap.isolate import LaunchSpec, Server, free_port, launch
 from speedtrap.localize import agent_env, capture_live, check_scale, compare_captures, dumper_env, scale_live
 from speedtrap.localize._results import layer_of
+from speedtrap.stack import LaunchSpec, Server, free_port, launch
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from speedtrap.isolate import ProbeSpec, ServerOracle, TargetSpec, TrialRequest
+from speedtrap.isolate import ProbeSpec, ServerOracle, TrialRequest
 from speedtrap.probe import read_recording
+from speedtrap.stack import TargetSpec
 
 SERVE = (sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--dialect", "sglang",
          "--port", "{port}", "--threads", "1", "--name", "MODEL_DIR")  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from vllm_stack import ensure_stack, start_vllm
 
-from speedtrap.isolate import Server
+from speedtrap.stack import Server
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from vllm_stack import ROOT, SERVED
 
-from speedtrap.isolate import Server
 from speedtrap.probe import (
     DivergenceSettings,
     HttpBackend,
@@ -28,6 +27,7 @@ from speedtrap.probe import (
     arun_divergence,
     arun_recall,
 )
+from speedtrap.stack import Server
 from speedtrap.targets._base import InProcessModel
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _stacks import ensure_stack_dir, locked  # tests/ is not a package: found through sys.path
 
 if TYPE_CHECKING:
-    from speedtrap.isolate import Server
+    from speedtrap.stack import Server
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -167,7 +167,7 @@ def vllm_env(**switches: str) -> dict[str, str]:
 
 def start_vllm(python: Path, model: Path, log: Path, *extra: str, **switches: str) -> Server:
     """A vLLM server started through isolate's launcher (own process group, stopped with its workers)."""
-    from speedtrap.isolate import LaunchSpec, free_port, launch
+    from speedtrap.stack import LaunchSpec, free_port, launch
 
     port = free_port()
     spec = LaunchSpec(

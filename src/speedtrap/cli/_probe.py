@@ -222,11 +222,10 @@ def divergence_cmd(
 
 def _verdict(report: DivergenceReport, floor: NoiseFloor | None, margin: float, bound: float | None) -> dict[str, Any]:
     """worst.kl_p99 against ``bound`` if given (it wins), else against the bound derived from ``floor``."""
-    from speedtrap.isolate import report_figures
     from speedtrap.spec import DEFAULT_BOUND, Bound
 
     explicit = Bound.of(DEFAULT_BOUND.metric, bound, origin="the explicit --bound") if bound is not None else None
     limit = Bound.resolve(explicit, floor, DEFAULT_BOUND.metric, margin)
-    value = report_figures("divergence", report)[limit.metric]
+    value = report.figures()[limit.metric]
     return {"metric": limit.metric, "value": value, "bound": limit.value, "origin": limit.origin,
             "fails": limit.fails(value)}  # fmt: skip

@@ -122,6 +122,9 @@ def _print_divergence(report: DivergenceReport) -> None:
             table.add_row(label, str(s.tokens), f"{s.kl_mean:.3g}", f"{s.kl_median:.3g}", f"{s.kl_p90:.3g}",
                           f"{s.kl_p99:.3g}", f"{s.kl_max:.3g}", f"{s.same_top1:.3f}", f"{s.rms_dp:.3g}")  # fmt: skip
         out_console.print(table)
+    worst = {k: v for k, v in report.figures().items() if k.startswith("worst.")}
+    if worst:  # the figures a verdict (--bound, check --against, the manifest's [verdict]) reads
+        out_console.print("  ".join(f"{k} {v:.4g}" for k, v in sorted(worst.items())), highlight=False)
     for side, engine in report.engines.items():
         out_console.print(f"{side}: {engine}", highlight=False)
     if report.keys.get("unmapped") or report.keys.get("mapped"):

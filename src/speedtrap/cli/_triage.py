@@ -189,7 +189,8 @@ def inspect_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Which patch gates are on in a running server (its argv and environment; secrets redacted)."""
-    from speedtrap.triage import from_manifest, inspect_process, target_patch_inputs
+    from speedtrap.stack import inspect_process
+    from speedtrap.triage import from_manifest, target_patch_inputs
 
     if manifest is not None and target is not None:
         raise UsageError("choose --manifest or --target, not both", "pass one of them")
@@ -218,6 +219,7 @@ def inspect_cmd(
     for g in report.gates:
         table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
     out_console.print(table)
+    _print_launch(report.argv, {})  # PYTHONPATH and the engine switches: "other switch-like variables" below
     out_console.print(f"patches on: {', '.join(report.patches_on) or 'none'}", highlight=False, markup=False)
     for p in report.plugins:
         line = f"plugin {p.name} ({p.group}: {p.target}, {p.distribution}): {p.state}"
@@ -232,8 +234,16 @@ def inspect_cmd(
         out_console.print(f"redacted: {', '.join(report.redacted)}", highlight=False, markup=False)
 
 
+def _print_launch(argv: list[str], variables: dict[str, str]) -> None:
+    """The launch line and the variables that change what runs (secrets already redacted)."""
+    if argv:
+        out_console.print("launch: " + " ".join(argv), highlight=False, markup=False, soft_wrap=True)
+    for key, value in sorted(variables.items()):
+        out_console.print(f"  {key}={value}", highlight=False, markup=False, soft_wrap=True)
+
+
 def _inspect_stack(manifest: Path, as_json: bool) -> None:
-    from speedtrap.triage import inspect_stack
+    from speedtrap.stack import inspect_stack
 
     report = inspect_stack(manifest)
     if as_json:
@@ -246,6 +256,7 @@ def _inspect_stack(manifest: Path, as_json: bool) -> None:
         for g in role.gates:
             table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)
         out_console.print(table)
+        _print_launch(role.argv, role.switches)
         for p in role.unreadable:
             line = f"  pid {p.pid} ({p.name}): environment unreadable: {p.evidence}"
             out_console.print(line, highlight=False, markup=False, soft_wrap=True)

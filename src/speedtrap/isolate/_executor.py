@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from speedtrap._errors import ProbeError, ServerError, UsageError
-from speedtrap.isolate._launch import CommandNotFound
 from speedtrap.isolate._results import Config
+from speedtrap.stack import CommandNotFound
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -29,13 +27,9 @@ import httpx
 from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
 from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
-from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
-from speedtrap.isolate._manifest import PatchSpec, ProbeSpec, TargetSpec
+from speedtrap.isolate._manifest import ProbeSpec
 from speedtrap.isolate._results import Config
-from speedtrap.isolate._roles import role_switches
-from speedtrap.isolate._stack import Stack, launch_stack, stack_launches
-from speedtrap.isolate._worktree import Worktrees
-from speedtrap.spec import WORST_STATS, metric
+from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, TargetSpec, render
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -74,17 +68,6 @@ class FunctionOracle:
 # Figures from the probe package's reports.
 
 
-def flatten(obj: Any, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a JSON document as ``a.b.c`` -> value (lists are skipped: per-cell detail)."""
-    out: dict[str, float] = {}
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-    elif isinstance(obj, (bool, int, float)):
-        out[prefix[:-1]] = float(obj)
-    return out
-
-
 def report_figures(kind: str, report: Any) -> dict[str, float]:
     """The figures a rule can read: recall's overall counts and interval, divergence's per-phase overall."""
     if kind == "recall":
@@ -94,16 +77,7 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
         figures = {"accuracy": float(overall.accuracy), "low": float(overall.low), "high": float(overall.high), "n": n}
         figures["correct"] = float(correct) if correct is not None else round(float(overall.accuracy) * n)
         return figures
-    out: dict[str, float] = {}
-    for phase, stats in report.phases.items():
-        data = stats.overall.to_json() if hasattr(stats.overall, "to_json") else dataclasses.asdict(stats.overall)
-        for key, value in flatten(data).items():
-            out[f"{phase}.{key}"] = value
-    for key in WORST_STATS:  # the worse phase, the way the metric registry says is worse
-        values = [v for k, v in out.items() if k.endswith(f".{key}")]
-        if values:
-            out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
-    return out
+    return dict(report.figures())  # divergence: per phase, and the worse phase (DivergenceReport.figures)
 
 
 def _write_report(request: TrialRequest, report: Mapping[str, Any]) -> str | None:
@@ -226,8 +200,7 @@ class ServerOracle:
         self.reference_launches = 0  # live mode: reference servers started beside the trials
         self.recording_launches = 0  # recorded mode: baseline servers started to record (then stopped)
         self._recording: Any = _reference.from_bytes(recording, str(probe.reference)) if recording else None
-        self._worktrees: Worktrees | None = None
-        self._worktrees_lock = threading.Lock()
+        self.launcher = Launcher(target, patches, probe.model)
 
     def prepare(self, run_dir: Path | None) -> None:
         """Recorded mode: record the baseline configuration now (one server, stopped before any trial)."""
@@ -256,87 +229,15 @@ class ServerOracle:
 
     def launch_spec(self, config: Config, port: int) -> LaunchSpec:
         """argv and env for one configuration: the base environment without any patch's variables."""
-        values = {"port": str(port), "model": self.target.model or ""}
-        worktree = self.worktree(config)
-        if worktree is not None:
-            values["worktree"] = str(worktree)
-        argv = render(self.target.launch, values)
-        switches = {key for p in self.patches.values() for key, _ in p.env}
-        env = {k: v for k, v in os.environ.items() if k not in switches}
-        env.update({k: render([v], values)[0] for k, v in self.target.env})
-        if worktree is not None:
-            first = [str(worktree / d) for d in self.target.pythonpath]
-            env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [env.get("PYTHONPATH", "")])])
-        on = set(config)
-        for name in self.order:
-            if name not in on:
-                continue
-            patch = self.patches[name]
-            env.update(dict(patch.env))
-            argv += list(patch.args)
-            for key, value in patch.config:
-                argv += render(self.target.config_args, {"key": key, "value": value})
-        health = render([self.target.health], values)[0]
-        cwd = self.target.cwd or worktree  # never the user's checkout: `python -m` imports from the cwd first
-        return LaunchSpec(tuple(argv), env, health, self.target.start_timeout, self.target.stop_timeout, cwd)
+        return self.launcher.launch_spec(config, port)
 
     def start_stack(self, config: Config, log: Path) -> tuple[Stack, float]:
-        """Every role of ``config``'s stack, healthy and answering one real request through the entry.
-
-        Each role logs to ``<log stem>.<role>.log``; scratch folders are made fresh under ``<log stem>.scratch``.
-        """
-        stack = self.target.stack
-        assert stack is not None
-        values = {"model": self.target.model or ""}
-        worktree = self.worktree(config)
-        if worktree is not None:
-            values["worktree"] = str(worktree)
-        stem = log.with_suffix("")
-        scratch_root = stem.parent / f"{stem.name}.scratch" if stack.scratch else None
-        if scratch_root is not None:
-            if scratch_root.exists():
-                import shutil
-
-                shutil.rmtree(scratch_root)  # never a folder of an earlier launch: a stale KV hides patches
-            for name in stack.scratch:
-                (scratch_root / name).mkdir(parents=True)
-                values[f"scratch.{name}"] = str(scratch_root / name)
-        switches = {key for p in self.patches.values() for key, _ in p.env}
-        base_env = {k: v for k, v in os.environ.items() if k not in switches}
-        if worktree is not None:
-            first = [str(worktree / d) for d in self.target.pythonpath]
-            base_env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [base_env.get("PYTHONPATH", "")])])
-        patches = [self.patches[n] for n in self.order]
-        launches = stack_launches(
-            stack,
-            base_env,
-            [(k, render([v], values)[0]) for k, v in self.target.env],
-            role_switches(stack, patches, config, self.target.config_args),
-            values,
-            self.target.start_timeout,
-            self.target.stop_timeout,
-            self.target.cwd or worktree,
-        )
-        logs = {r.name: stem.parent / f"{stem.name}.{r.name}.log" for r in stack.roles}
-        model = self.probe.model or self.target.served_model or "default"
-        request = {
-            "model": model,
-            "prompt": "The first request of a speedtrap trial:",
-            "max_tokens": 2,
-            "temperature": 0,
-        }
-        return launch_stack(
-            stack, launches, logs, scratch_root, self.target.start_timeout, request if stack.first_request else None
-        )
+        """Every role of ``config``'s stack, healthy and answering one real request through the entry."""
+        return self.launcher.start_stack(config, log)
 
     def worktree(self, config: Config) -> Path | None:
         """The worktree of ``config``'s commits (base + them, cherry-picked), for targets with a repo."""
-        if self.target.repo is None:
-            return None
-        with self._worktrees_lock:
-            if self._worktrees is None:
-                self._worktrees = Worktrees(self.target, [self.patches[n] for n in self.order])
-        return self._worktrees.path(config)
+        return self.launcher.worktree(config)
 
     def _log(self, request: TrialRequest, attempt: int, suffix: str = "") -> Path:
         if request.workdir is None:
@@ -349,12 +250,7 @@ class ServerOracle:
         return self._start(config, log)
 
     def _start(self, config: Config, log: Path) -> tuple[Server, float]:
-        if self.target.stack is not None:
-            stack, seconds = self.start_stack(config, log)
-            return stack, seconds  # type: ignore[return-value]  # a Stack quacks like a Server
-        port = free_port()
-        server = start(self.launch_spec(config, port), log, port)
-        return server, wait_healthy(server)
+        return self.launcher.start(config, log)
 
     def reference(self, request: TrialRequest) -> Server:
         if self._reference is None or not self._reference.alive():
@@ -447,9 +343,7 @@ class ServerOracle:
         if self._reference is not None:
             self._reference.stop()
             self._reference = None
-        if self._worktrees is not None:
-            self._worktrees.close()
-            self._worktrees = None
+        self.launcher.close()
 
 
 def _with_log(exc: SpeedtrapError, log: Path) -> SpeedtrapError:
@@ -491,4 +385,6 @@ def run_command_probe(spec: ProbeSpec, base_url: str, request: TrialRequest) -> 
         data = None
     if not isinstance(data, dict):
         raise ProbeError("the probe command's last output line is not a JSON object", 'print e.g. {"metric": 0.1}')
-    return flatten(data)
+    from speedtrap.probe import flatten_figures
+
+    return flatten_figures(data)

@@ -104,7 +104,7 @@ class _Worker:
 
     def close(self) -> None:
         """Stop the oracle and every server this worker started (also while a trial is running)."""
-        from speedtrap.isolate._launch import stop_all
+        from speedtrap.stack import stop_all
 
         if self.oracle is not None:
             with contextlib.suppress(Exception):

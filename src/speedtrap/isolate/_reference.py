@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError, ServerError, UsageError
-from speedtrap.isolate._launch import Server
 from speedtrap.isolate._spec import ProbeSpec
+from speedtrap.stack import Server
 
 RECORDING_NAME = "reference.strec"
 

@@ -9,17 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
+from speedtrap.isolate._commit_relations import CommitRelations, declared_relations, describe_commit_patches, merged
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, ThreadExecutor
-from speedtrap.isolate._manifest import IsolateManifest, PatchSpec, ProbeSpec, TargetSpec, VerdictSpec, check_relations
+from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec
 from speedtrap.isolate._oracle import InProcessOracle, ServerOracle, load_target_model
 from speedtrap.isolate._relations import Relations
 from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
-from speedtrap.isolate._worktree import CommitRelations, declared_relations, describe_commit_patches, merged
 from speedtrap.progress import NoProgress, Progress
+from speedtrap.stack import PatchSpec, TargetSpec, check_relations
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel

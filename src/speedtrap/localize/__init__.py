@@ -5,7 +5,8 @@ diff = layer_diff(model, ["mhc_bf16_gemm"], ids)          # first divergent modu
 scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applications per MoE layer
 
 Inside a live server (SGLang, vLLM, ``speedtrap serve``): launch it with ``agent_env(folder)`` added
-to its environment, then ``capture_live`` / ``compare_captures`` / ``scale_live`` (see ``_live.py``).
+to its environment, then ``capture_live`` / ``compare_captures`` / ``scale_live`` (see ``_live.py``);
+on a manifest's stack, ``localize_on_stack`` launches the base and a culprit one at a time and does it all.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ if TYPE_CHECKING:
     from speedtrap.localize._agentlink import AGENT_PATH, AgentLink, agent_env
     from speedtrap.localize._capture import Capture, ModuleRows, Noise, load_capture, parse_capture, save_capture
     from speedtrap.localize._dumper import dumper_env, parse_dump_name
-    from speedtrap.localize._inputs import default_ids
+    from speedtrap.localize._inputs import default_ids, folder_ids
     from speedtrap.localize._layers import DEFAULT_THRESHOLD, layer_diff, shared_copy
     from speedtrap.localize._live import capture_live, scale_live
     from speedtrap.localize._livediff import NOISE_MARGIN, compare_captures
+    from speedtrap.localize._on_stack import LiveRequest, RoleResult, StackLocalization, localize_on_stack
     from speedtrap.localize._scale import DEFAULT_PARAM, check_scale
 
 __all__ = [
@@ -43,20 +45,25 @@ __all__ = [
     "ConsumerFit",
     "LayerDiffResult",
     "LayerGrowth",
+    "LiveRequest",
     "ModuleDiff",
     "ModuleRows",
     "Noise",
     "PinnedSite",
+    "RoleResult",
     "ScaleCheckResult",
     "ScaleUnit",
+    "StackLocalization",
     "agent_env",
     "capture_live",
     "check_scale",
     "compare_captures",
     "default_ids",
     "dumper_env",
+    "folder_ids",
     "layer_diff",
     "load_capture",
+    "localize_on_stack",
     "parse_capture",
     "parse_dump_name",
     "save_capture",
@@ -66,6 +73,11 @@ __all__ = [
 
 # The rest loads on first use, so that reading the result types loads no stage machinery.
 _LAZY = {
+    "folder_ids": "speedtrap.localize._inputs",
+    "LiveRequest": "speedtrap.localize._on_stack",
+    "RoleResult": "speedtrap.localize._on_stack",
+    "StackLocalization": "speedtrap.localize._on_stack",
+    "localize_on_stack": "speedtrap.localize._on_stack",
     "AGENT_PATH": "speedtrap.localize._agentlink",
     "AgentLink": "speedtrap.localize._agentlink",
     "agent_env": "speedtrap.localize._agentlink",

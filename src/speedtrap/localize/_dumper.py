@@ -22,7 +22,7 @@ import torch
 
 from speedtrap._errors import ServerError
 from speedtrap.localize._capture import Capture, DumperSource, ModuleRows
-from speedtrap.localize.agent.speedtrap_agent.rows import reduce_rows
+from speedtrap.localize.agent.speedtrap_agent import reduce_rows
 
 PREFIX = "non_intrusive__"
 # Module outputs (``non_intrusive__<module>.output[.<i>]``) and the forward batch's token ids and positions.
@@ -108,16 +108,20 @@ def capture_dumper(
     label: tuple[str, ...],
     channels: int,
     timeout: float,
+    control_url: str | None = None,
 ) -> Capture:
+    """One request through ``url`` with the dumper of the SGLang server at ``control_url`` (default ``url``;
+    a prefill/decode stack's router has no dumper: each role's server is switched on its own port)."""
     from speedtrap.localize._agentlink import send_request
 
     exp = f"speedtrap-{uuid.uuid4().hex[:12]}"
+    control = control_url or url
     with httpx.Client(timeout=timeout, trust_env=False) as client:
-        _configure(client, url, {"enable": True, "exp_name": exp})
+        _configure(client, control, {"enable": True, "exp_name": exp})
         try:
             send_request(url, "sglang", ids, decode + 1, timeout=timeout)
         finally:
-            _configure(client, url, {"enable": False})
+            _configure(client, control, {"enable": False})
     where = Path(folder) / exp
     try:
         return reduce_dump(where, ids, decode, role, stack or "sglang", label, channels)

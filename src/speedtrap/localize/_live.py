@@ -50,12 +50,14 @@ def capture_live(
     channels: int = DEFAULT_CHANNELS,
     model: str | None = None,
     timeout: float = 300.0,
+    control_url: str | None = None,
 ) -> Capture:
     """Capture one request through the running server at ``url`` into ``out`` (a capture file).
 
     ``folder``: the server's agent folder (``mechanism="agent"``) or its ``DUMPER_DIR``
     (``"sglang-dumper"``). ``repeat``: send the request twice and keep the second's difference from
     the first as the capture's ``noise`` (do it for the base: the comparison's threshold uses it).
+    ``control_url``: the SGLang server whose dumper is switched (default ``url``; a stack's role behind a router).
     """
     ids = [int(t) for t in ids]
     if len(ids) < 2 or decode < 0 or channels < 1:
@@ -63,9 +65,10 @@ def capture_live(
             f"a live capture needs 2+ prompt tokens, decode >= 0, channels >= 1 (got {len(ids)}, {decode}, {channels})",
             "pass a longer prompt or fix the numbers",
         )
-    first = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
+    args = (url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout, control_url)
+    first = _once(*args)
     if repeat:
-        second = _once(url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout)
+        second = _once(*args)
         both = {"seconds": first.seconds + second.seconds, "raw_bytes": first.raw_bytes + second.raw_bytes}
         first = _with(first, noise=noise_of(first, second), **both)
     compact = save_capture(first, out)
@@ -92,13 +95,16 @@ def _once(
     channels: int,
     model: str | None,
     timeout: float,
+    control_url: str | None,
 ) -> Capture:
     started = time.monotonic()
-    flush_cache(url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat computes it all again
+    flush_cache(control_url or url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat: all again
     if mechanism == "sglang-dumper":
         from speedtrap.localize._dumper import capture_dumper
 
-        capture = capture_dumper(url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout)
+        capture = capture_dumper(
+            url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout, control_url
+        )
         return _with(capture, seconds=time.monotonic() - started)
     link = AgentLink(Path(folder), role, timeout)
     agent = link.agents()[0]

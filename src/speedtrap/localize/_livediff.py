@@ -82,9 +82,7 @@ def compare_captures(
             matched.add(m.name)
             modules.append(ModuleDiff(m.name or "(model)", layer_of(m.name), "baseline_only", 1, 0))
     decode = max(0, limit - len(trial.prompt))
-    return diff_result(
-        target or trial.stack, trial.label, base.label, limit, decode, effective, edges, modules
-    )
+    return diff_result(target or trial.stack, trial.label, base.label, limit, decode, effective, edges, modules)
 
 
 def _compare(base: Capture, trial: Capture, limit: int, edges: list[int]) -> dict[str, _Rec]:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from speedtrap._errors import UsageError
 from speedtrap.localize._pairing import float_tensors
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
-from speedtrap.localize.agent.speedtrap_agent.scale import shared_children, unit_of
+from speedtrap.localize.agent.speedtrap_agent import shared_children, unit_of
 from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"

@@ -157,10 +157,10 @@ def run_pipeline(
         _stage(ctx, "evidence", seconds, errors, evidence)
     else:
         _skip(ctx, "evidence", "no isolation result")
-    if not source.in_process:
-        _skip(ctx, "localize", "localization needs an in-process target")
-    elif not settings.localize or not culprits:
+    if not settings.localize or not culprits:
         _skip(ctx, "localize", "no culprit to localize" if settings.localize else "switched off")
+    elif not source.in_process:  # inside the manifest's own stack, one launch at a time
+        _stage(ctx, "localize", seconds, errors, lambda: _stages.live_localize_stage(ctx, culprits))
     else:
         _stage(ctx, "localize", seconds, errors, lambda: _stages.localize_stage(ctx, culprits))
 

@@ -15,6 +15,7 @@ from speedtrap.pipeline._context import Context
 from speedtrap.report import commands
 from speedtrap.rundir import (
     ISOLATE_DIR,
+    LOCALIZE_DIR,
     PROBES_DIR,
     TRIAGE_FILE,
     Part,
@@ -265,3 +266,71 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
         values = None if ctx.settings.scale_values is None else list(ctx.settings.scale_values)
         ctx.part(scale_path(ctx.run_dir, patches), ("scale", sorted(patches), tokens, symbol, values), make_scale)
         ctx.progress.advance("localize", 1, f"scale check {' + '.join(patches)}")
+
+
+def live_localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
+    """Each culprit set localized inside the manifest's own stack (``localize.localize_on_stack``): the base
+    launched and captured once (kept in ``localize/live/``), then each culprit's configuration, one stack at a
+    time; the layer diff and the scale check stored as for in-process targets, with which stack, role and
+    mechanism measured them."""
+    from speedtrap.localize import LiveRequest, folder_ids
+    from speedtrap.stack import Launcher
+
+    manifest = ctx.server_manifest()
+    api: Literal["sglang", "openai"] = "sglang" if manifest.probe.api == "sglang" else "openai"
+    model = manifest.probe.model or manifest.target.served_model
+    values = None if ctx.settings.scale_values is None else tuple(ctx.settings.scale_values)
+    ids = tuple(folder_ids(manifest.target.model, ctx.settings.tokens))
+    request = LiveRequest(ids, api=api, model=model, param=ctx.source.symbol, values=values)
+    ctx.progress.start("localize", len(culprits) * (2 if ctx.source.symbol else 1))
+    launcher = Launcher(manifest.target, manifest.patches, model)
+    try:
+        for patches in culprits:
+            _LiveCulprit(ctx, launcher, patches, request).store()
+    finally:
+        launcher.close()
+
+
+class _LiveCulprit:
+    """One culprit's live localize, measured on first need and stored as a layers part and a scale part."""
+
+    def __init__(self, ctx: Context, launcher: Any, patches: tuple[str, ...], request: Any) -> None:
+        self.ctx, self.launcher, self.patches, self.request = ctx, launcher, patches, request
+        self.result: Any = None
+
+    def measured(self) -> Any:
+        from speedtrap.localize import localize_on_stack
+
+        if self.result is None:
+            folder = self.ctx.run_dir / LOCALIZE_DIR / "live"
+            self.result = localize_on_stack(self.launcher, self.patches, folder, self.request)
+        return self.result
+
+    def store(self) -> None:
+        ctx, patches, tokens = self.ctx, self.patches, self.ctx.settings.tokens
+        key = (sorted(patches), tokens, self.request.key())
+        ctx.part(layers_path(ctx.run_dir, patches), ("layers-live", *key), self.make_layers)
+        ctx.progress.advance("localize", 1, f"live layer diff {' + '.join(patches)}")
+        if ctx.source.symbol:
+            ctx.part(scale_path(ctx.run_dir, patches), ("scale-live", *key), self.make_scale)
+            ctx.progress.advance("localize", 1, f"live scale check {' + '.join(patches)}")
+
+    def make_layers(self, key: str) -> Part:
+        result = self.measured()
+        command = commands.layers(self.ctx.source, self.patches, self.ctx.settings.tokens)
+        layers = result.shown.layers.to_json()
+        return Part("layers", layers, patches=self.patches, command=command, extra=result.extra())
+
+    def make_scale(self, key: str) -> Part:
+        result = self.measured()
+        scale = result.shown.scale
+        symbol = self.ctx.source.symbol
+        if scale is None:
+            raise SpeedtrapError(
+                f"no role of the stack measured {symbol!r} (no module holds it at its config value, or no role "
+                "ran the prompt's prefill)",
+                "check --symbol, or the live localize's files in localize/live/",
+            )
+        values = self.request.values
+        command = commands.scale(self.ctx.source, self.patches, self.ctx.settings.tokens, values)
+        return Part("scale", scale.to_json(), patches=self.patches, command=command, extra=result.extra())

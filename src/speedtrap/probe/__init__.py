@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from speedtrap._lazy import lazy_getattr
 from speedtrap._stats import wilson
-from speedtrap.probe._results import BucketStats, PhaseDivergence, RecallCell, RecallSample
+from speedtrap.probe._results import BucketStats, PhaseDivergence, RecallCell, RecallSample, flatten_figures
 from speedtrap.probe._stats import KLStats
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ __all__ = [
     "backend_identity",
     "build_conversation",
     "check_identity",
+    "flatten_figures",
     "load_floor",
     "read_recording",
     "record",

@@ -11,6 +11,7 @@ distributions exactly; anything else compares the top-k logprobs a server return
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -25,10 +26,11 @@ from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._keys import KeyTally, check_keys, check_same_tokenizer, dists_by_ids, mapper_of, prompt_by_ids
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import conversation_seed
-from speedtrap.probe._results import PhaseDivergence
+from speedtrap.probe._results import PhaseDivergence, flatten_figures
 from speedtrap.probe._stats import PositionStat
 from speedtrap.probe._store import ResultsFile
 from speedtrap.progress import Progress
+from speedtrap.spec import WORST_STATS, metric
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -103,6 +105,7 @@ class DivergenceReport:
             "candidate": self.candidate,
             "settings": self.settings.to_json(),
             "phases": {k: v.to_json() for k, v in self.phases.items()},
+            "worst": {k.removeprefix("worst."): v for k, v in self.figures().items() if k.startswith("worst.")},
             "approximation": self.approximation,
             "elapsed_s": self.elapsed_s,
             "sequence_tokens": self.sequence_tokens,
@@ -110,6 +113,19 @@ class DivergenceReport:
             "top_k_seen": self.top_k_seen,
             "keys": self.keys,
         }
+
+    def figures(self) -> dict[str, float]:
+        """The figures a verdict reads: ``PHASE.STAT`` of each phase's overall, and ``worst.STAT``, the worse
+        phase by the metric registry's rule (``worst.kl_p99``: the larger; ``worst.same_top1``: the smaller)."""
+        out: dict[str, float] = {}
+        for phase, stats in self.phases.items():
+            for key, value in flatten_figures(stats.overall.to_json()).items():
+                out[f"{phase}.{key}"] = value
+        for key in WORST_STATS:
+            values = [v for k, v in out.items() if k.endswith(f".{key}") and not k.startswith("worst.")]
+            if values:
+                out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DivergenceReport:

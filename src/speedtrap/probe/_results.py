@@ -8,7 +8,7 @@ probes' own modules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -101,3 +101,14 @@ class PhaseDivergence:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PhaseDivergence:
         return cls(KLStats.from_json(data["overall"]), [BucketStats.from_json(b) for b in data["by_bucket"]])
+
+
+def flatten_figures(obj: Any, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a JSON document as ``a.b.c`` -> value (lists are skipped: per-cell detail)."""
+    out: dict[str, float] = {}
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            out.update(flatten_figures(value, f"{prefix}{key}."))
+    elif isinstance(obj, (bool, int, float)):
+        out[prefix[:-1]] = float(obj)
+    return out

@@ -17,6 +17,7 @@ from speedtrap.report._data import ReportData
 from speedtrap.report._mdhtml import inline, markdown_to_html
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
+from speedtrap.report._verdict import scale_words
 from speedtrap.rundir import slug, write_atomic
 
 HTML_NAME = "report.html"
@@ -203,6 +204,8 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
         for loc in data.localization:
             name = patches_label(loc.patches)
             parts.append(f"<h3>{_esc(name)}</h3>")
+            if loc.measured_on:
+                parts.append(f'<p class="meta">Measured {_esc(loc.measured_on)}.</p>')
             if loc.layers is not None:
                 lay = loc.layers
                 parts.append(
@@ -217,6 +220,8 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
                     f"<p>Scale check of <code>{_esc(sc.param)}</code> (nominal {fmt(sc.nominal)}, probed at "
                     f"{_esc(', '.join(fmt(v) for v in sc.values))}): applied {once}.</p>"
                 )
+                if loc.base_scale is not None:
+                    parts.append(f"<p>In the base configuration: {_esc(scale_words(loc.base_scale))}.</p>")
                 parts.append(_figures(figs, "localization", f"scale-{slug('-'.join(loc.patches))}"))
                 parts.append(
                     f"<details><summary>Exponent per module</summary>{_table(_tables.scale_table(sc))}</details>"

@@ -230,6 +230,15 @@ def _localization(r: _Reader, culprits: list[tuple[str, ...]]) -> list[Localizat
                 r.missing.append(MissingPart(f"localization ({path.stem})", f"{r.rel(path)}: {_why(exc)}", command))
                 continue
             found.setdefault(part.patches, {})[kind] = section
+            extra = part.extra or {}
+            if extra.get("measured_on"):  # a live localize: where it was measured, and the base's scale check
+                found[part.patches]["measured_on"] = str(extra["measured_on"])
+                base = extra.get("base_scale")
+                if kind == "scale" and isinstance(base, dict):
+                    try:
+                        found[part.patches]["base_scale"] = _adapt.scale_section(base, command)
+                    except _READ_ERRORS as exc:
+                        r.missing.append(MissingPart("base scale check", f"{r.rel(path)}: {_why(exc)}", command))
     tokens = r.settings.get("localize_tokens")
     values = r.settings.get("scale_values")
     if r.source.in_process:
@@ -253,7 +262,7 @@ def _localization(r: _Reader, culprits: list[tuple[str, ...]]) -> list[Localizat
                 )
     order = {p: i for i, p in enumerate(culprits)}
     return [
-        Localization(p, v.get("layers"), v.get("scale"))
+        Localization(p, v.get("layers"), v.get("scale"), v.get("measured_on", ""), v.get("base_scale"))
         for p, v in sorted(found.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     ]
 

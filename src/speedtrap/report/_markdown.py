@@ -9,6 +9,7 @@ from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
+from speedtrap.report._verdict import scale_words
 from speedtrap.rundir import slug, write_atomic
 
 MD_NAME = "report.md"
@@ -103,6 +104,8 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
         for loc in data.localization:
             out.append(f"\n### {patches_label(loc.patches)}\n")
             name = slug("-".join(loc.patches))
+            if loc.measured_on:
+                out.append(f"Measured {loc.measured_on}.\n")
             if loc.layers is not None:
                 lay = loc.layers
                 out.append(f"First divergent module: `{lay.first_divergent or 'none'}` {_tables.layer_words(lay)}\n")
@@ -111,6 +114,8 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
                 sc = loc.scale
                 once = "exactly once everywhere" if sc.exactly_once else "NOT exactly once everywhere"
                 out.append(f"Scale check of `{sc.param}` (nominal {fmt(sc.nominal)}): applied {once}.\n")
+                if loc.base_scale is not None:
+                    out.append(f"In the base configuration: {scale_words(loc.base_scale)}.\n")
                 out.append(_figures(figs, "localization", f"scale-{name}"))
                 out.append(_table(_tables.scale_table(sc)))
     out.append("\n## Reproduce\n\n" + _table(_tables.reproduce_table(data)))

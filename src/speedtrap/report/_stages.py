@@ -226,19 +226,28 @@ class Localization:
     patches: tuple[str, ...]
     layers: LayerSection | None = None
     scale: ScaleSection | None = None
+    measured_on: str = ""  # a live localize: which stack, role and mechanism measured it ("" in-process)
+    base_scale: ScaleSection | None = None  # a live localize: the scale check of the base configuration
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "patches": list(self.patches),
             "layers": self.layers.to_json() if self.layers else None,
             "scale": self.scale.to_json() if self.scale else None,
         }
+        if self.measured_on:  # written only when set: in-process reports keep their exact JSON
+            out["measured_on"] = self.measured_on
+        if self.base_scale is not None:
+            out["base_scale"] = self.base_scale.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Localization:
-        layers, scale = d.get("layers"), d.get("scale")
+        layers, scale, base = d.get("layers"), d.get("scale"), d.get("base_scale")
         return cls(
             _strs(d.get("patches")),
             LayerSection.from_json(layers) if layers else None,
             ScaleSection.from_json(scale) if scale else None,
+            str(d.get("measured_on", "")),
+            ScaleSection.from_json(base) if base else None,
         )

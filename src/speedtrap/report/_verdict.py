@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from speedtrap._shapes import CulpritSet
 from speedtrap.report._bylength import length_patterns
 from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, ReportVerdict, TriageSection
-from speedtrap.report._stages import IsolationSection, Localization
+from speedtrap.report._stages import IsolationSection, Localization, ScaleSection
 from speedtrap.report._tables import fmt, patches_label
 
 
@@ -113,6 +113,8 @@ def _layers_sentence(loc: Localization) -> str | None:
     if len(growth) >= 2:
         text += f"; the error goes from {fmt(growth[0].rel_diff)} after layer {growth[0].layer} to "
         text += f"{fmt(growth[-1].rel_diff)} after layer {growth[-1].layer}"
+    if loc.measured_on:
+        text += f" (measured {loc.measured_on})"
     return text + "."
 
 
@@ -127,6 +129,16 @@ def _scale_sentence(loc: Localization) -> str | None:
     sc = loc.scale
     if sc is None or not sc.rows:
         return None
+    text = f"Scale check of `{sc.param}` with {_code(loc.patches)}: {scale_words(sc)}"
+    if loc.base_scale is not None and loc.base_scale.rows:
+        text += f"; in the base configuration: {scale_words(loc.base_scale)}"
+    if loc.measured_on:
+        text += f" (measured {loc.measured_on})"
+    return text + "."
+
+
+def scale_words(sc: ScaleSection) -> str:
+    """``layers 0-5: exponent ≈ 2.00, applied twice; layers 6-29: exponent ≈ 1.00, applied once``."""
     groups: dict[int | None, list[int]] = {}
     for r in sc.rows:
         if r.layer is not None:
@@ -137,7 +149,7 @@ def _scale_sentence(loc: Localization) -> str | None:
         exps = [r.exponent for r in sc.rows if r.times == times and r.exponent is not None]
         mean = f"exponent ≈ {sum(exps) / len(exps):.2f}, " if exps else ""
         parts.append(f"{_layers_list(groups[times])}: {mean}{words.get(times, f'applied {times} times')}")
-    return f"Scale check of `{sc.param}` with {_code(loc.patches)}: " + "; ".join(parts) + "."
+    return "; ".join(parts)
 
 
 def build_verdict(

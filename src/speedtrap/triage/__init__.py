@@ -1,4 +1,4 @@
-"""Triage: rank speed patches from their diffs, trace a factor's sites, inspect a live server.
+"""Triage: rank speed patches from their diffs, trace a factor's sites.
 
 It reads code and runs no model::
 
@@ -15,8 +15,6 @@ from speedtrap._redact import redact_argv, redact_env, secret_name
 from speedtrap.triage._diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage._index import SourceIndex
 from speedtrap.triage._init import InitResult, init_manifest
-from speedtrap.triage._inspect import InspectReport, inspect_process, read_process
-from speedtrap.triage._inspect_stack import StackReport, inspect_stack
 from speedtrap.triage._manifest import Manifest, load_manifest
 from speedtrap.triage._plan import render_plan
 from speedtrap.triage._run import PatchReport, TriageReport, triage
@@ -38,13 +36,11 @@ __all__ = [
     "FilePatch",
     "Hunk",
     "InitResult",
-    "InspectReport",
     "Manifest",
     "PatchInput",
     "PatchReport",
     "PatchSet",
     "Site",
-    "StackReport",
     "TraceResult",
     "TriageReport",
     "apply_patch",
@@ -53,11 +49,8 @@ __all__ = [
     "from_manifest",
     "from_target",
     "init_manifest",
-    "inspect_process",
-    "inspect_stack",
     "load_manifest",
     "parse_diff",
-    "read_process",
     "redact_argv",
     "redact_env",
     "render_plan",

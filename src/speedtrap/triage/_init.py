@@ -47,7 +47,7 @@ def _names(subjects: list[str]) -> list[str]:
 
 def init_manifest(repo: Path, rng: str) -> InitResult:
     """Read ``BASE..HEAD`` of ``repo`` (checked like a manifest's commit patches) and write the manifest text."""
-    from speedtrap.isolate import PatchSpec, resolve_commits_in
+    from speedtrap.stack import PatchSpec, resolve_commits_in
 
     if "..." in rng or ".." not in rng:
         raise UsageError(f"--range {rng!r} is not of the form BASE..HEAD", "write e.g. --range v0.5.0..HEAD")

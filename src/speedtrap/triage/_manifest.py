@@ -57,7 +57,7 @@ class Manifest:
 
 def load_manifest(path: Path) -> Manifest:
     """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.isolate import manifest_stack, parse_patches, resolve_commits_in
+    from speedtrap.stack import manifest_stack, parse_patches, resolve_commits_in
 
     path = Path(path)
     data = read_manifest_toml(path)
@@ -108,7 +108,7 @@ def _model(data: dict[str, Any], base: Path) -> Path | None:
 
 
 def _commits(data: dict[str, Any], base: Path, specs: Any) -> tuple[Path | None, str | None]:
-    from speedtrap.isolate import commit_target_fields
+    from speedtrap.stack import commit_target_fields
 
     target = data.get("target")
     fields = commit_target_fields(target if isinstance(target, dict) else {}, base)

@@ -32,5 +32,3 @@ def write_tensors(stem: Path, tensors: dict[str, Any]) -> Path:
         save_file(tensors, str(tmp))
     os.replace(tmp, path)
     return path
-
-

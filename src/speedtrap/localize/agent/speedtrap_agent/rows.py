@@ -232,9 +232,10 @@ class Capture:
             for k, v in part.items():
                 tensors[f"m{i}.{k}"] = torch.cat(v).contiguous()
         meta = {
-            "modules": modules, "forwards": self.forwards, "skipped": sorted(self.skipped), "channels": self.channels
+            "modules": modules,
+            "forwards": self.forwards,
+            "skipped": sorted(self.skipped),
+            "channels": self.channels,
         }
         write_tensors(out / "capture", tensors)
         write_json(out / "capture.json", meta)
-
-

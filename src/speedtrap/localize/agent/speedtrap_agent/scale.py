@@ -183,9 +183,11 @@ class Scale:
                 consumers = [s for s in self.sites if s.unit == name]
                 entry: dict[str, Any] = {"module": name, "shared": shared_children(unit)}
                 entry["gram"] = self._gram(unit, name, every)
-                entry["consumers"] = [
-                    {"module": s.name, "gram": self._gram(unit, name, [s.obj])} for s in consumers
-                ] if len(consumers) > 1 else [{"module": s.name, "gram": None} for s in consumers]
+                entry["consumers"] = (
+                    [{"module": s.name, "gram": self._gram(unit, name, [s.obj])} for s in consumers]
+                    if len(consumers) > 1
+                    else [{"module": s.name, "gram": None} for s in consumers]
+                )
                 units.append(entry)
         along = [s.name for s in self.sites if s.unit is None]
         write_json(out / "scale.json", {
@@ -216,5 +218,3 @@ class Scale:
             outputs.append(routed.reshape(-1))
         stacked = torch.stack(outputs)
         return (stacked @ stacked.T).tolist()
-
-

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import UsageError
-from speedtrap._redact import redact_env
-from speedtrap.triage._inspect import GateState, gate_state
+from speedtrap._redact import redact_argv, redact_env
+from speedtrap.stack._inspect import GateState, gate_state, switch_like
+from speedtrap.stack._manifest import load_stack_manifest
+from speedtrap.stack._running import read_records
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class RoleReport:
     processes: list[ProcessState] = field(default_factory=list)  # the leader first, then its descendants
     gates: list[GateState] = field(default_factory=list)
     gates_from: str = ""
+    argv: list[str] = field(default_factory=list)  # as launched, secrets redacted
+    switches: dict[str, str] = field(default_factory=dict)  # switch-like variables and PYTHONPATH (redacted)
 
     @property
     def patches_on(self) -> list[str]:
@@ -61,6 +65,8 @@ class RoleReport:
             "patches_on": self.patches_on,
             "gates_from": self.gates_from,
             "gates": [g.to_json() for g in self.gates],
+            "argv": self.argv,
+            "switches": self.switches,
         }
 
 
@@ -127,10 +133,8 @@ def _state(pid: int, launch_keys: set[str]) -> tuple[ProcessState, dict[str, str
 
 def inspect_stack(manifest_path: Path) -> StackReport:
     """The live stack of ``manifest_path`` (the one speedtrap launched from it), role by role."""
-    from speedtrap.isolate import load_isolate_manifest, read_records
-
-    manifest = load_isolate_manifest(manifest_path)
-    stack = manifest.target.stack
+    target, patches = load_stack_manifest(manifest_path)
+    stack = target.stack
     if stack is None:
         raise UsageError(
             f"{manifest_path} has no target.roles: a single server", "pass its pid: speedtrap inspect --pid PID"
@@ -159,11 +163,13 @@ def inspect_stack(manifest_path: Path) -> StackReport:
             for pid in _descendants(leader_pid):
                 report.processes.append(_state(pid, launch_keys)[0])
         argv = list(row.get("argv", []))
-        applies = [p for p in manifest.patches if name in (p.roles or stack.model_roles)]
+        applies = [p for p in patches if name in (p.roles or stack.model_roles)]
         if report.leader is not None and report.leader.env_readable and leader_env is not None:
             env, report.gates_from = leader_env, f"the leader's environment (pid {report.leader.pid})"
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
-        report.gates = [gate_state(p.name, p.gate, argv, redact_env(env)[0], True) for p in applies]
+        shown = redact_env(env)[0]
+        report.gates = [gate_state(p.name, p.gate, argv, shown, True) for p in applies]
+        report.argv, report.switches = redact_argv(argv), switch_like(shown)
         roles.append(report)
     return StackReport(str(record.get("manifest", "")), int(record.get("launcher", 0)), roles)

@@ -28,8 +28,8 @@ import httpx
 
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap._redact import redact_argv, redact_env
-from speedtrap.isolate._launch import LaunchSpec, Server, free_port, render, start
-from speedtrap.isolate._roles import RoleSpec, StackSpec
+from speedtrap.stack._launch import LaunchSpec, Server, free_port, render, start
+from speedtrap.stack._roles import RoleSpec, StackSpec
 
 _POLL_S = 0.2
 
@@ -91,7 +91,8 @@ def stack_launches(
             shared[f"{r.name}.port.{p}"] = str(n)
     out = []
     for r in stack.roles:
-        own = {**shared, "port": str(ports[r.name]), **{f"port.{p}": str(n) for p, n in extra[r.name].items()}}
+        own = {**shared, "port": str(ports[r.name]), "role": r.name}
+        own |= {f"port.{p}": str(n) for p, n in extra[r.name].items()}
         env = dict(base_argv_env)
         recorded: dict[str, str] = {}
         for k, v in [*common_env, *r.env]:

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
+from speedtrap._fields import no_unknown, str_list, str_table
 from speedtrap._redact import redact_argv, redact_env
-from speedtrap.isolate._fields import no_unknown, str_list, str_table
-from speedtrap.isolate._launch import render
+from speedtrap.stack._launch import render
 
 ROLE_KEYS = {"launch", "env", "health", "ports", "after", "host", "entry", "runs_model"}
 STACK_KEYS = {"roles", "scratch", "agree", "first_request"}

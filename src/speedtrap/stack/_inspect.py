@@ -7,16 +7,28 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from speedtrap._errors import UsageError
 from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
-from speedtrap.patching import Gate
-from speedtrap.triage._manifest import CONFIG, ENV, FLAG
-from speedtrap.triage._plugins import PluginEntry, process_plugins
-from speedtrap.triage._sources import PatchInput
+from speedtrap.spec import Gate, GateKind
+from speedtrap.stack._plugins import PluginEntry, process_plugins
+
+ENV, FLAG, CONFIG = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG
+
+
+class Switched(Protocol):
+    """A patch as inspect needs it: its name and how it is switched on (None: nobody said)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gate(self) -> Gate | None: ...
+
 
 _SWITCH_PREFIXES = (
     "SGLANG_",
@@ -228,12 +240,18 @@ def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], loca
     return GateState(name, gate, "ungated", "compiled in: on whenever the build contains it")
 
 
-def inspect_process(pid: int, patches: list[PatchInput], ssh_host: str | None = None) -> InspectReport:
+def switch_like(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that look like an engine's switches (``SGLANG_*``, ``VLLM_*``, ...), and
+    ``PYTHONPATH`` (a worktree put first on it runs other code than the installed package)."""
+    return {k: v for k, v in env.items() if k.startswith(_SWITCH_PREFIXES) or k == "PYTHONPATH"}
+
+
+def inspect_process(pid: int, patches: Sequence[Switched], ssh_host: str | None = None) -> InspectReport:
     argv, env = read_process(pid, ssh_host)
     maps = None if ssh_host else _read_local(pid, "maps").decode("utf-8", "replace")
     gates = [gate_state(p.name, p.gate, argv, env, ssh_host is None) for p in patches if p.gate is not None]
     known = {k for p in patches if p.gate is not None for k, _ in p.gate.env}
     env_shown, hidden = redact_env(env)
-    others = {k: v for k, v in env_shown.items() if k.startswith(_SWITCH_PREFIXES) and k not in known}
+    others = {k: v for k, v in switch_like(env_shown).items() if k not in known}
     plugins = process_plugins(maps, env, argv)
     return InspectReport(pid, ssh_host, redact_argv(argv), env_shown, gates, hidden, others, plugins)

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from speedtrap._redact import redact_argv, redact_env
 from speedtrap.cli import app
-from speedtrap.triage import redact_argv, redact_env
 
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -33,6 +33,7 @@ def server() -> Iterator[subprocess.Popen[bytes]]:
         "SPEEDTRAP_SMOLMOE_LM_HEAD_BF16": "0",
         "HF_TOKEN": SECRET,
         "SGLANG_ENABLE_SOMETHING": "1",
+        "PYTHONPATH": "/tmp/speedtrap-worktree-0001",
     }
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", "--chunked-prefill-size", "256", "--api-key", "s3cr3t"],
@@ -53,12 +54,15 @@ def test_inspect_names_exactly_the_two_patches_and_redacts(server: subprocess.Po
     states = {g["patch"]: g["state"] for g in data["gates"]}
     assert states["lm_head_bf16"] == "off" and states["hash_topk_routed_scaling"] == "unknown"
     assert data["env"]["HF_TOKEN"] == "<redacted>" and "HF_TOKEN" in data["redacted"]
-    assert data["other_switches"] == {"SGLANG_ENABLE_SOMETHING": "1"}
+    assert data["other_switches"] == {"SGLANG_ENABLE_SOMETHING": "1", "PYTHONPATH": "/tmp/speedtrap-worktree-0001"}
     assert SECRET not in result.output and "s3cr3t" not in result.output
     assert data["argv"][-2:] == ["--api-key", "<redacted>"]
     human = CliRunner().invoke(app, ["inspect", "--pid", str(server.pid)])
     assert human.exit_code == 0 and "patches on: mhc_bf16_gemm, fp8_kv_cache" in human.output
     assert SECRET not in human.output
+    # The text shows what --json shows of the launch: its flags (secrets hidden) and the worktree on PYTHONPATH.
+    assert "--chunked-prefill-size 256 --api-key <redacted>" in human.output
+    assert "PYTHONPATH=/tmp/speedtrap-worktree-0001" in human.output
 
 
 def test_inspect_with_a_manifest_reads_flags_too(server: subprocess.Popen[bytes], tmp_path: Path) -> None:
@@ -106,7 +110,7 @@ def test_pid_that_is_not_readable(server: subprocess.Popen[bytes]) -> None:
     if python is None:
         pytest.skip("no system python3.11 that user nobody can run")
     code = (
-        "import sys\nfrom speedtrap._errors import SpeedtrapError\nfrom speedtrap.triage import read_process\n"
+        "import sys\nfrom speedtrap._errors import SpeedtrapError\nfrom speedtrap.stack import read_process\n"
         f"try:\n    read_process({server.pid})\nexcept SpeedtrapError as e:\n    print(e.one_line()); sys.exit(2)\n"
     )
     try:
@@ -199,7 +203,7 @@ def test_redaction_rules() -> None:
     ],
 )
 def test_secret_name_rule(name: str, secret: bool) -> None:
-    from speedtrap.triage import secret_name
+    from speedtrap._redact import secret_name
 
     assert secret_name(name) is secret
 
@@ -266,7 +270,7 @@ def test_a_vllm_plugin_is_not_loaded_in_a_process_that_is_not_vllm(tmp_path: Pat
 
 
 def test_a_process_runs_vllm_by_its_module_its_script_or_its_mapped_files() -> None:
-    from speedtrap.triage._plugins import runs_vllm
+    from speedtrap.stack._plugins import runs_vllm
 
     assert runs_vllm(["python", "-m", "vllm.entrypoints.openai.api_server"], None)
     assert runs_vllm(["/v/bin/vllm", "serve", "m"], None)
@@ -298,7 +302,7 @@ def test_inspect_names_the_vllm_plugins_the_process_loads(plugin_host: subproces
 
 
 def test_vllm_plugins_selection_follows_vllm() -> None:
-    from speedtrap.triage._plugins import process_plugins, selected, site_dirs
+    from speedtrap.stack._plugins import process_plugins, selected, site_dirs
 
     assert selected({}) is None and selected({"VLLM_PLUGINS": "a,b"}) == ["a", "b"]
     assert selected({"VLLM_PLUGINS": ""}) == [""]  # set but empty: vLLM loads none
@@ -310,7 +314,7 @@ def test_vllm_plugins_selection_follows_vllm() -> None:
 @given(st.text(max_size=400))
 @settings(max_examples=200, deadline=None)
 def test_any_maps_text_reads_as_site_folders_or_nothing(maps: str) -> None:
-    from speedtrap.triage._plugins import site_dirs
+    from speedtrap.stack._plugins import site_dirs
 
     assert all(d.name in ("site-packages", "dist-packages") for d in site_dirs(maps))
 
