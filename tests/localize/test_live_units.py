@@ -172,9 +172,10 @@ def test_a_file_the_dumper_did_not_write_is_rejected(bad: str) -> None:
         parse_dump_name(bad)
 
 
-def _dump(folder: Path, step: int, index: int, name: str, value: torch.Tensor) -> None:
+def _dump(folder: Path, step: int, index: int, name: str, value: torch.Tensor, layer: int | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tags = f"step={step}___rank=0___dump_index={index}___name={name}___recompute_status=disabled"
+    tags += "" if layer is None else f"___layer_id={layer}"
     torch.save({"value": value, "meta": {"step": step, "name": name, "world_size": 1}}, folder / f"{tags}.pt")
 
 
@@ -189,6 +190,10 @@ def _fake_dump(folder: Path, scale: float) -> None:
         _dump(folder, step, index + 3, "non_intrusive__model.layers.0.self_attn.output", hidden[lo:hi].bfloat16())
         _dump(folder, step, index + 4, "non_intrusive__model.layers.0.mlp.output", hidden[lo:hi] * scale)
         _dump(folder, step, index + 5, "non_intrusive__model.layers.0.mlp.output", hidden[lo:hi])  # a second call
+        # one rotary embedding shared by both layers: hooked once, under layer 0's name, tagged by the caller
+        rope = "non_intrusive__model.layers.0.self_attn.rotary_emb.output"
+        _dump(folder, step, index + 6, rope, hidden[lo:hi], layer=0)
+        _dump(folder, step, index + 7, rope, hidden[lo:hi] * (1 if scale == 1.0 else 3), layer=1)
 
 
 def test_dumper_files_reduce_to_a_capture_that_compares_like_the_agents(tmp_path: Path) -> None:
@@ -202,6 +207,8 @@ def test_dumper_files_reduce_to_a_capture_that_compares_like_the_agents(tmp_path
     result = compare_captures(base, trial)
     assert result.first_divergent == "model.layers.0.mlp"
     assert result.module("model.layers.0.self_attn").rel_diff == 0.0
+    assert result.module("model.layers.0.self_attn.rotary_emb").rel_diff == 0.0  # layer 0's calls
+    assert (result.module("model.layers.1.self_attn.rotary_emb").rel_diff or 0) > 0.1  # layer 1's
     assert result.tokens == 5 and result.decode_tokens == 1
 
 
@@ -240,3 +247,75 @@ def test_the_gram_verdict_is_the_norm_verdict() -> None:
     bent = unit_from_gram("l.0", "output", (), values, gram_of([base * v + torch.tanh(base * v) for v in values]), 1.0)
     assert bent.verdict == "not a power law" and bent.times is None
     assert math.isnan(float("nan"))  # (the JSON of a Gram never holds one: scale_live rejects it)
+
+
+class _Rope(torch.nn.Module):
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + positions.unsqueeze(-1).float())
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, rope: torch.nn.Module, gain: float) -> None:
+        super().__init__()
+        self.proj, self.rotary_emb, self.gain = torch.nn.Linear(4, 4), rope, gain
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.rotary_emb(positions, self.proj(x) * self.gain)
+
+
+class _Model(torch.nn.Module):
+    """vLLM's shape: flat input_ids and positions; one rotary embedding shared by every layer."""
+
+    def __init__(self, gains: tuple[float, float]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        rope = _Rope()
+        self.embed = torch.nn.Embedding(50, 4)
+        self.layers = torch.nn.ModuleList(_Layer(rope, g) for g in gains)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return x
+
+
+def _agent_capture(model: torch.nn.Module, out: Path) -> Capture:
+    from types import SimpleNamespace
+
+    from speedtrap.localize._live import keep_prompt_rows
+    from speedtrap.localize.agent.speedtrap_agent.rows import Capture as AgentCapture
+
+    agent = SimpleNamespace(root=model, engine="vllm")
+    capture = AgentCapture(agent, {"id": "c", "channels": 3})  # type: ignore[arg-type]
+    for ids, pos in (([1, 2, 3], [0, 1, 2]), ([4], [3])):  # a prefill, then one decode step
+        kwargs = {"input_ids": torch.tensor(ids), "positions": torch.tensor(pos)}
+        capture.begin((), kwargs)
+        with torch.no_grad():
+            model(**kwargs)
+        capture.layout = None
+    out.mkdir(parents=True, exist_ok=True)
+    capture.finish(out)
+    from safetensors.torch import load_file
+
+    meta, tensors = json.loads((out / "capture.json").read_text()), load_file(str(out / "capture.safetensors"))
+    modules = [
+        keep_prompt_rows(m["name"], m["tensor"], m["features"], {k: tensors[f"{m['key']}.{k}"] for k in ROW_FIELDS},
+                         [1, 2, 3])
+        for m in meta["modules"]
+    ]  # fmt: skip
+    return Capture(AgentSource("agent", 1, "vllm", "M"), "base", "vllm", (), (1, 2, 3), 1, 3, tuple(modules), 2)
+
+
+def test_the_agent_names_a_shared_module_by_the_layer_that_calls_it(tmp_path: Path) -> None:
+    base = _agent_capture(_Model((1.0, 1.0)), tmp_path / "base")
+    names = [m.name for m in base.modules]
+    assert "layers.0.rotary_emb" in names and "layers.1.rotary_emb" in names
+    assert all(m.count == 4 for m in base.modules)  # 3 prompt rows + 1 decode row each
+    assert next(m for m in base.modules if m.name == "layers.0.proj").rows["x"].shape == (4, 3)  # 3 of 4 channels
+    trial = _agent_capture(_Model((1.0, 2.0)), tmp_path / "trial")
+    result = compare_captures(base, trial)
+    assert result.first_divergent == "layers.1.rotary_emb"  # not layers.0.rotary_emb: its layer-0 calls agree
+    assert result.module("layers.1.proj").rel_diff == 0.0  # the gain comes after the projection
+    assert result.module("layers.0.rotary_emb").rel_diff == 0.0
+    assert result.decode_tokens == 1 and result.tokens == 4

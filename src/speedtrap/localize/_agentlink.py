@@ -140,6 +140,20 @@ def send_request(
         raise ServerError(problem, "check the server's log")
 
 
+def flush_cache(url: str, api: Api, timeout: float = 30.0) -> bool:
+    """Empty the server's prefix cache (best effort), so that a repeated prompt is computed again.
+
+    SGLang: ``POST /flush_cache``; vLLM: ``POST /reset_prefix_cache`` (its dev endpoints); a server
+    without one answers 404 and is left as it is. True when the server said it flushed.
+    """
+    path = "/flush_cache" if api == "sglang" else "/reset_prefix_cache"
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            return client.post(f"{url}{path}").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _served_model(client: httpx.Client, url: str) -> str:
     try:
         return str(client.get(f"{url}/v1/models").json()["data"][0]["id"])

@@ -72,6 +72,20 @@ def output_of(name: str) -> tuple[str, int] | None:
     return match["module"] or "", int(match["index"] or 0)
 
 
+_LAYERS = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
+
+
+def in_layer(name: str, tags: dict[str, str | int]) -> str:
+    """A module shared by every layer (one rotary embedding) is hooked once, under its first name; the
+    dumper's ``layer_id`` tag says which layer called it: ``...layers.0.self_attn.rotary_emb.output`` in
+    layer 2 becomes ``...layers.2.self_attn.rotary_emb.output``."""
+    layer = tags.get("layer_id")
+    match = _LAYERS.search(name)
+    if not isinstance(layer, int) or match is None or int(match.group(2)) == layer:
+        return name
+    return f"{name[: match.start(2)]}{layer}{name[match.end(2) :]}"
+
+
 def _configure(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
     try:
         response = client.post(f"{url}/dumper/configure", json=body)
@@ -133,7 +147,7 @@ def reduce_dump(
             tags = parse_dump_name(path.name)
         except ValueError as exc:
             raise ServerError(f"the {role} dump file {path} has an unexpected name: {exc}", "capture again") from None
-        entries.append((int(tags["step"]), int(tags["dump_index"]), str(tags["name"]), path))
+        entries.append((int(tags["step"]), int(tags["dump_index"]), in_layer(str(tags["name"]), tags), path))
     entries.sort()
     raw = sum(p.stat().st_size for *_, p in entries)
     core: dict[tuple[int, str], torch.Tensor] = {}

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from speedtrap._errors import UsageError
-from speedtrap.localize._agentlink import AgentLink, Api, send_request
+from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_request
 from speedtrap.localize._capture import AgentSource, Capture, ModuleRows, save_capture
 from speedtrap.localize._livediff import noise_of
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
@@ -69,7 +69,8 @@ def capture_live(
     first = _once(*args)
     if repeat:
         second = _once(*args)
-        first = _with(first, noise=noise_of(first, second), seconds=first.seconds + second.seconds)
+        both = {"seconds": first.seconds + second.seconds, "raw_bytes": first.raw_bytes + second.raw_bytes}
+        first = _with(first, noise=noise_of(first, second), **both)
     compact = save_capture(first, out)
     first.extra["bytes"] = compact
     return first
@@ -97,6 +98,7 @@ def _once(
     control_url: str | None,
 ) -> Capture:
     started = time.monotonic()
+    flush_cache(control_url or url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat: all again
     if mechanism == "sglang-dumper":
         from speedtrap.localize._dumper import capture_dumper
 

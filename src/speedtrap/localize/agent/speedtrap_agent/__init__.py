@@ -96,7 +96,7 @@ class Agent:
                 if capture is not None and capture.id == str(command.get("of")):
                     self._finish(capture.id, capture.finish)
                 elif capture is not None:
-                    capture.finish(self._out("discarded"))
+                    capture.close()  # a finish for another capture: this one is dropped
             return
         with self.lock:
             self.pending = command
@@ -121,6 +121,8 @@ class Agent:
             command, self.pending = self.pending, None
             scale = None
             if command is not None and command.get("action") == "capture":
+                if self.capture is not None:  # an unfinished capture: its hooks go, its rows are dropped
+                    self.capture.close()
                 self.capture = Capture(self, command)
             elif command is not None and command.get("action") == "scale":
                 try:

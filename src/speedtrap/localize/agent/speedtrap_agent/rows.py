@@ -143,7 +143,16 @@ class Capture:
         self.calls: dict[str, int] = {}
         self.starts: list[int] = []
         self.offset = 0
-        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in agent.root.named_modules()]
+        # A module object reachable under several names (vLLM and SGLang share one rotary embedding
+        # across layers) is named by the call: the alias whose parent is the module now running.
+        aliases: dict[int, list[str]] = {}
+        for n, m in agent.root.named_modules(remove_duplicate=False):
+            aliases.setdefault(id(m), []).append(n)
+        self.running: list[str] = []
+        self.handles = []
+        for _, m in agent.root.named_modules():
+            self.handles.append(m.register_forward_pre_hook(self._enter(aliases[id(m)])))
+            self.handles.append(m.register_forward_hook(self._hook()))
         embedding = token_embedding(agent.root) if agent.engine == "speedtrap" else None
         if embedding is not None:  # a model that steps through its input in chunks inside one forward
             self.handles.append(embedding.register_forward_pre_hook(self._step))
@@ -151,6 +160,7 @@ class Capture:
     def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.layout = layout(self.agent.engine, args, kwargs)
         self.calls = {}
+        self.running = []
         if self.agent.engine == "speedtrap":
             cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
             ids = kwargs.get("input_ids", args[0] if args else None)
@@ -166,8 +176,19 @@ class Capture:
         self.layout = embedded(ids, [s + self.offset for s in self.starts])
         self.offset += int(ids.shape[-1])
 
-    def _hook(self, name: str) -> Any:
+    def _enter(self, names: list[str]) -> Any:
+        def pre_hook(_module: Any, _args: Any) -> None:
+            name = names[0]
+            if len(names) > 1 and self.running:
+                parent = self.running[-1]
+                name = next((n for n in names if n.rpartition(".")[0] == parent), name)
+            self.running.append(name)
+
+        return pre_hook
+
+    def _hook(self) -> Any:
         def hook(_module: Any, _args: Any, output: Any) -> None:
+            name = self.running.pop() if self.running else ""
             lay = self.layout
             if lay is None:
                 return
@@ -195,11 +216,15 @@ class Capture:
         part["occ"].append(torch.full((n,), occurrence, dtype=torch.long))
         part["fwd"].append(torch.full((n,), len(self.forwards) - 1, dtype=torch.long))
 
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
     def finish(self, out: Path) -> None:
         import torch
 
-        for h in self.handles:
-            h.remove()
+        self.close()
         tensors: dict[str, Any] = {}
         modules = []
         for i, (key, part) in enumerate(self.parts.items()):
