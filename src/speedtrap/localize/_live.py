@@ -211,6 +211,8 @@ def scale_live(
 
 
 def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, target: str) -> ScaleCheckResult:
+    if data.get("absent"):  # the model holds no such factor (a dense model): nothing to measure, said in one line
+        raise UsageError(f"{data['absent']} in the live server", "check the factor's name (--param / --symbol)")
     values = [float(v) for v in data["values"]]  # type: ignore[attr-defined]
     nominal = float(data["nominal"])  # type: ignore[arg-type]
     units: list[ScaleUnit] = []

@@ -146,6 +146,7 @@ def localize_on_stack(
             role, t.mechanism, layers, t.scale, b.scale, t.capture.extra.get("bytes", 0), t.capture.raw_bytes
         )
     shown, notes = _shown_role(launcher, culprit, results)
+    notes += [f"{role}: {note}" for role, m in trial.items() for note in m.capture.extra.get("notes", [])]
     return StackLocalization(label, _stack_words(launcher), shown, results, launches, time.monotonic() - started, notes)
 
 
@@ -261,13 +262,17 @@ def _scale(
         return None
     assert request.param is not None
     try:
-        return scale_live(
+        result = scale_live(
             url, folder, list(request.ids), api=api, param=request.param, values=request.values,
             role=role, label=label, model=request.model, timeout=request.timeout,
         )  # fmt: skip
     except UsageError as exc:  # no module of this engine holds the factor: said, not raised
         capture.extra.setdefault("notes", []).append(f"scale check: {exc.problem}")
         return None
+    if not result.units:
+        capture.extra.setdefault("notes", []).append(f"scale check: no MoE unit holds {request.param!r}")
+        return None
+    return result
 
 
 def _role_url(server: Any, role: str, entry: str) -> str:

@@ -146,8 +146,10 @@ class Scale:
         self.param = str(command["param"])
         root = agent.root
         nominal = command.get("nominal") or nominal_of(root, self.param)
+        self.absent = ""  # why nothing can be measured (said in the result, not raised: a dense model has no factor)
         if nominal is None:
-            raise ValueError(f"no config value or module attribute named {self.param!r}")
+            self.absent = f"no config value or module attribute of {type(root).__name__} is named {self.param!r}"
+            nominal, command = 0.0, {**command, "values": [], "multipliers": []}
         self.nominal = float(nominal)
         self.values = [float(v) for v in command.get("values") or [self.nominal * m for m in command["multipliers"]]]
         self.sites, self.pinned = find_sites(root, self.param, self.nominal)
@@ -192,7 +194,7 @@ class Scale:
         along = [s.name for s in self.sites if s.unit is None]
         write_json(out / "scale.json", {
             "param": self.param, "nominal": self.nominal, "values": self.values, "units": units,
-            "pinned": self.pinned, "varied_along": along,
+            "pinned": self.pinned, "varied_along": along, "absent": self.absent,
         })  # fmt: skip
 
     def _gram(self, unit: Any, name: str, objs: list[Any]) -> list[list[float]]:
