@@ -11,7 +11,6 @@ watcher counts vLLM API servers the whole time: at most two (one stack).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
