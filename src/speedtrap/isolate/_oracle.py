@@ -77,7 +77,9 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
         figures = {"accuracy": float(overall.accuracy), "low": float(overall.low), "high": float(overall.high), "n": n}
         figures["correct"] = float(correct) if correct is not None else round(float(overall.accuracy) * n)
         return figures
-    return dict(report.figures())  # divergence: per phase, and the worse phase (DivergenceReport.figures)
+    from speedtrap.probe import divergence_figures
+
+    return divergence_figures(report.phases)  # per phase, and the worse phase
 
 
 def _write_report(request: TrialRequest, report: Mapping[str, Any]) -> str | None:

@@ -49,8 +49,16 @@ def fed_tokens(capture: Capture) -> dict[int, int]:
 
 
 def common_positions(base: Capture, trial: Capture) -> int:
-    """How many leading positions both fed identically (the prompt, then decode while the paths agree)."""
+    """How many leading positions both fed identically (the prompt, then decode while the paths agree).
+
+    The prompt's positions count as fed with the prompt's ids when both captures sent the same prompt: a
+    decode-only role (a disaggregated stack's decode) never runs the prompt, yet its decode rows follow it.
+    """
     a, b = fed_tokens(base), fed_tokens(trial)
+    if base.prompt == trial.prompt:
+        for i, t in enumerate(base.prompt):
+            a.setdefault(i, t)
+            b.setdefault(i, t)
     n = 0
     while n in a and n in b and a[n] == b[n]:
         n += 1

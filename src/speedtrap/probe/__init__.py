@@ -16,7 +16,13 @@ from speedtrap.probe._stats import KLStats
 if TYPE_CHECKING:
     from speedtrap.probe._backend import Backend, ChatAnswer, PromptLogprobs, TokenDist
     from speedtrap.probe._conversations import Conversation, Fact, build_conversation
-    from speedtrap.probe._divergence import DivergenceReport, DivergenceSettings, arun_divergence, run_divergence
+    from speedtrap.probe._divergence import (
+        DivergenceReport,
+        DivergenceSettings,
+        arun_divergence,
+        divergence_figures,
+        run_divergence,
+    )
     from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
     from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor
     from speedtrap.probe._http import HttpBackend
@@ -86,6 +92,7 @@ __all__ = [
     "backend_identity",
     "build_conversation",
     "check_identity",
+    "divergence_figures",
     "flatten_figures",
     "load_floor",
     "read_recording",
@@ -136,6 +143,7 @@ _LAZY = {
     "arecall_against": "speedtrap.probe._record",
     "arecord": "speedtrap.probe._record",
     "arun_divergence": "speedtrap.probe._divergence",
+    "divergence_figures": "speedtrap.probe._divergence",
     "arun_recall": "speedtrap.probe._recall",
     "arun_repeat": "speedtrap.probe._repeat",
     "backend_identity": "speedtrap.probe._recording",

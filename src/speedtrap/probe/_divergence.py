@@ -14,7 +14,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,17 +115,8 @@ class DivergenceReport:
         }
 
     def figures(self) -> dict[str, float]:
-        """The figures a verdict reads: ``PHASE.STAT`` of each phase's overall, and ``worst.STAT``, the worse
-        phase by the metric registry's rule (``worst.kl_p99``: the larger; ``worst.same_top1``: the smaller)."""
-        out: dict[str, float] = {}
-        for phase, stats in self.phases.items():
-            for key, value in flatten_figures(stats.overall.to_json()).items():
-                out[f"{phase}.{key}"] = value
-        for key in WORST_STATS:
-            values = [v for k, v in out.items() if k.endswith(f".{key}") and not k.startswith("worst.")]
-            if values:
-                out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
-        return out
+        """The figures a verdict reads (:func:`divergence_figures`)."""
+        return divergence_figures(self.phases)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DivergenceReport:
@@ -141,6 +132,21 @@ class DivergenceReport:
             top_k_seen={str(k): int(v) for k, v in data.get("top_k_seen", {}).items()},
             keys=dict(data.get("keys", {})),
         )
+
+
+def divergence_figures(phases: Mapping[str, Any]) -> dict[str, float]:
+    """``PHASE.STAT`` of each phase's overall, and ``worst.STAT``, the worse phase by the metric registry's rule
+    (``worst.kl_p99``: the larger; ``worst.same_top1``: the smaller). ``phases``: phase -> an object with
+    ``overall.to_json()`` (a :class:`PhaseDivergence`)."""
+    out: dict[str, float] = {}
+    for phase, stats in phases.items():
+        for key, value in flatten_figures(stats.overall.to_json()).items():
+            out[f"{phase}.{key}"] = value
+    for key in WORST_STATS:
+        values = [v for k, v in out.items() if k.endswith(f".{key}") and not k.startswith("worst.")]
+        if values:
+            out[f"worst.{key}"] = functools.reduce(metric(f"worst.{key}").worse, values)
+    return out
 
 
 # -- exact comparison of full distributions ---------------------------------------------------
