@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +68,27 @@ def integer(value: Any, where: str, minimum: int) -> int:
 def resolve(base: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else base / p
+
+
+def first_cycle(follows: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A cycle of ``follows`` (name -> the names it follows), as ``[a, b, ..., a]``, or None (depth first, in order)."""
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> list[str] | None:
+        if state.get(name) == 2:
+            return None
+        if state.get(name) == 1:
+            return [*trail[trail.index(name) :], name]
+        state[name] = 1
+        for other in follows.get(name, ()):
+            found = visit(other, [*trail, name])
+            if found is not None:
+                return found
+        state[name] = 2
+        return None
+
+    for name in follows:
+        found = visit(name, [])
+        if found is not None:
+            return found
+    return None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -27,7 +26,7 @@ from torch import Tensor, nn
 from speedtrap._errors import UsageError
 from speedtrap.localize._pairing import float_tensors
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
-from speedtrap.localize.agent.speedtrap_agent import shared_children, unit_of
+from speedtrap.localize.agent.speedtrap_agent import assigned, shared_children, unit_of
 from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"
@@ -84,7 +83,7 @@ def check_scale(
             else:
                 exponent, residual = _fit(chosen, norms_of(gram_of(outputs)))
                 fits.append(ConsumerFit(consumers[0][0], exponent, residual))
-            measured = "output - " + "/".join(_shared_children(unit)) if _shared_children(unit) else "output"
+            measured = "output - " + "/".join(shared_children(unit)) if shared_children(unit) else "output"
             results.append(unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal))
     return ScaleCheckResult(
         model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned)
@@ -183,22 +182,6 @@ def _capture(root: nn.Module, units: list[nn.Module], ids: list[int]) -> dict[in
     return captured
 
 
-def _shared_children(unit: nn.Module) -> list[str]:
-    return shared_children(unit)
-
-
-@contextmanager
-def _set(targets: Sequence[Any], param: str, value: float) -> Any:
-    old = [getattr(t, param) for t in targets]
-    try:
-        for t in targets:
-            setattr(t, param, value)
-        yield
-    finally:
-        for t, v in zip(targets, old, strict=True):
-            setattr(t, param, v)
-
-
 @torch.inference_mode()
 def _routed(
     unit: nn.Module, call: Call, sites: list[nn.Module], configs: list[Any], param: str, value: float
@@ -207,10 +190,10 @@ def _routed(
     shared: list[Tensor] = []
     handles = [
         getattr(unit, n).register_forward_hook(lambda _m, _a, out: shared.extend(float_tensors(out)[:1]))
-        for n in _shared_children(unit)
+        for n in shared_children(unit)
     ]
     try:
-        with _set([*sites, *configs], param, value):
+        with assigned([*sites, *configs], param, value):
             out = float_tensors(unit(*call[0], **call[1]))
     finally:
         for h in handles:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
-from speedtrap._fields import integer, no_unknown, number, resolve, str_list, str_table, table
+from speedtrap._fields import first_cycle, integer, no_unknown, number, resolve, str_list, str_table, table
 from speedtrap._toml import read_manifest_toml
 from speedtrap.spec import Platform
 from speedtrap.stack._roles import DEFAULT_HEALTH, STACK_KEYS, StackSpec, agree_conflict, parse_stack, patch_roles
@@ -250,24 +250,11 @@ def check_relations(patches: Sequence[PatchSpec]) -> None:
                 f"patches[{i}] is ungated (always on) but conflicts with {list(p.conflicts)}",
                 "drop the conflict, or give the patch a switch",
             )
-    by_name = {p.name: p for p in patches}
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = [*trail[trail.index(name) :], name]
-            raise ManifestError(
-                f"patches[{index[name]}].requires forms a cycle: {' -> '.join(cycle)}", "break the cycle"
-            )
-        state[name] = 1
-        for req in by_name[name].requires:
-            visit(req, [*trail, name])
-        state[name] = 2
-
-    for p in patches:
-        visit(p.name, [])
+    cycle = first_cycle({p.name: p.requires for p in patches})
+    if cycle is not None:
+        raise ManifestError(
+            f"patches[{index[cycle[0]]}].requires forms a cycle: {' -> '.join(cycle)}", "break the cycle"
+        )
 
 
 def load_stack_manifest(path: Path) -> tuple[TargetSpec, tuple[PatchSpec, ...]]:

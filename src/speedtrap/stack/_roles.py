@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
-from speedtrap._fields import no_unknown, str_list, str_table
+from speedtrap._fields import first_cycle, no_unknown, str_list, str_table
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._launch import render
 
@@ -254,22 +254,9 @@ def _role(name: str, raw: Any) -> RoleSpec:
 
 
 def _check_acyclic(roles: Sequence[RoleSpec]) -> None:
-    by_name = {r.name: r for r in roles}
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = " -> ".join([*trail[trail.index(name) :], name])
-            raise ManifestError(f"target.roles: the after lists form a cycle: {cycle}", "break the cycle")
-        state[name] = 1
-        for other in by_name[name].after:
-            visit(other, [*trail, name])
-        state[name] = 2
-
-    for r in roles:
-        visit(r.name, [])
+    cycle = first_cycle({r.name: r.after for r in roles})
+    if cycle is not None:
+        raise ManifestError(f"target.roles: the after lists form a cycle: {' -> '.join(cycle)}", "break the cycle")
 
 
 def patch_roles(stack: StackSpec | None, name: str, roles: Sequence[str], where: str) -> tuple[str, ...]:

@@ -32,9 +32,9 @@ from typing import Any
 
 from .files import write_json
 from .rows import Capture, reduce_rows
-from .scale import Scale, shared_children, unit_of
+from .scale import Scale, assigned, shared_children, unit_of
 
-__all__ = ["VERSION", "attach", "install", "reduce_rows", "register", "shared_children", "unit_of"]
+__all__ = ["VERSION", "assigned", "attach", "install", "reduce_rows", "register", "shared_children", "unit_of"]
 
 VERSION = "0.1.0"
 ENV_DIR = "SPEEDTRAP_AGENT_DIR"
