@@ -283,7 +283,7 @@ class _Model(torch.nn.Module):
 def _agent_capture(model: torch.nn.Module, out: Path) -> Capture:
     from types import SimpleNamespace
 
-    from speedtrap.localize._live import keep_prompt_rows
+    from speedtrap.localize._capture import keep_prompt_rows
     from speedtrap.localize.agent.speedtrap_agent.rows import Capture as AgentCapture
 
     agent = SimpleNamespace(root=model, engine="vllm")

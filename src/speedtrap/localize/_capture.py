@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from speedtrap._errors import ServerError
@@ -232,3 +234,21 @@ def _bad(role: str, path: Path, what: str) -> ServerError:
         f"the {role} capture file {path} {what}",
         "capture again from the running stack (speedtrap takes no missing or damaged capture as a pass)",
     )
+
+
+def keep_prompt_rows(
+    name: str, tensor: int, features: int, rows: dict[str, torch.Tensor], prompt: Sequence[int]
+) -> ModuleRows:
+    """Drop rows at prompt positions whose fed token is not the prompt's (another request's forward)."""
+    table = torch.tensor(list(prompt), dtype=torch.long)
+    pos, fed = rows["pos"].long(), rows["ids"].long()
+    inside = pos < len(prompt)
+    ok = ~inside | (table[pos.clamp(0, len(prompt) - 1)] == fed)
+    ok &= pos >= 0
+    typed = {
+        "x": rows["x"].float(), "sq": rows["sq"].double(), "max": rows["max"].float(), "pos": pos,
+        "ids": fed, "occ": rows["occ"].long(), "fwd": rows["fwd"].long(),
+    }  # fmt: skip
+    if not bool(ok.all()):
+        typed = {k: v[ok] for k, v in typed.items()}
+    return ModuleRows(name, tensor, features, {k: v.contiguous() for k, v in typed.items()})

@@ -21,7 +21,7 @@ import httpx
 import torch
 
 from speedtrap._errors import ServerError
-from speedtrap.localize._capture import Capture, DumperSource, ModuleRows
+from speedtrap.localize._capture import Capture, DumperSource, ModuleRows, keep_prompt_rows
 from speedtrap.localize.agent.speedtrap_agent import reduce_rows
 
 PREFIX = "non_intrusive__"
@@ -133,7 +133,6 @@ def reduce_dump(
     where: Path, prompt: Sequence[int], decode: int, role: str, stack: str, label: tuple[str, ...], channels: int
 ) -> Capture:
     """Read one request's dump folder and reduce it to a capture (rows per fed token)."""
-    from speedtrap.localize._live import keep_prompt_rows
 
     files = sorted(where.glob("*.pt")) if where.is_dir() else []
     if not files:

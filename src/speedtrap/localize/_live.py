@@ -25,7 +25,7 @@ import torch
 
 from speedtrap._errors import UsageError
 from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_request
-from speedtrap.localize._capture import AgentSource, Capture, ModuleRows, save_capture
+from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, save_capture
 from speedtrap.localize._livediff import noise_of
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
 from speedtrap.localize._scale import DEFAULT_MULTIPLIERS, DEFAULT_PARAM, _fit, _values, norms_of, unit_from_gram
@@ -150,24 +150,6 @@ def _agent_tensors(link: AgentLink, result: Path) -> tuple[dict[str, torch.Tenso
     except Exception as exc:
         raise link.bad(path, f"is unreadable ({type(exc).__name__})") from None
     return tensors, path.stat().st_size
-
-
-def keep_prompt_rows(
-    name: str, tensor: int, features: int, rows: dict[str, torch.Tensor], prompt: Sequence[int]
-) -> ModuleRows:
-    """Drop rows at prompt positions whose fed token is not the prompt's (another request's forward)."""
-    table = torch.tensor(list(prompt), dtype=torch.long)
-    pos, fed = rows["pos"].long(), rows["ids"].long()
-    inside = pos < len(prompt)
-    ok = ~inside | (table[pos.clamp(0, len(prompt) - 1)] == fed)
-    ok &= pos >= 0
-    typed = {
-        "x": rows["x"].float(), "sq": rows["sq"].double(), "max": rows["max"].float(), "pos": pos,
-        "ids": fed, "occ": rows["occ"].long(), "fwd": rows["fwd"].long(),
-    }  # fmt: skip
-    if not bool(ok.all()):
-        typed = {k: v[ok] for k, v in typed.items()}
-    return ModuleRows(name, tensor, features, {k: v.contiguous() for k, v in typed.items()})
 
 
 def scale_live(
