@@ -109,6 +109,9 @@ class StackLocalization:
                 r: {
                     "first_divergent": v.layers.first_divergent,
                     "threshold": v.layers.threshold,
+                    "modules_compared": sum(m.status == "compared" for m in v.layers.modules),
+                    "positions_compared": v.layers.tokens,
+                    "decode_compared": v.layers.decode_tokens,
                     "scale": None if v.scale is None else v.scale.times_by_layer(),
                 }
                 for r, v in self.roles.items()
