@@ -143,8 +143,11 @@ def test_a_run_killed_midway_resumes_with_the_same_verdict_and_reruns_no_finishe
     while time.monotonic() < deadline and done < 4:
         time.sleep(0.2)
         if db.exists():
-            with sqlite3.connect(db) as conn:
-                done = conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+            try:
+                with sqlite3.connect(db) as conn:
+                    done = conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+            except sqlite3.OperationalError:  # the file is there, its tables not yet (the run is creating them)
+                continue
     assert done >= 4, proc.communicate(timeout=30)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)

@@ -78,8 +78,9 @@ def test_vllm_identity_removed_is_tier_1_with_a_double_application_on_the_flagge
     [double] = [d for d in p.doubles if d.verb != "adds"]
     assert double.other.file == V_RUNNER and double.other.code == "fused_output *= self.routed_scaling_factor"
     assert double.added.file.startswith("vllm/model_executor/layers/fused_moe/router/")
-    assert "apply_routed_scale_to_output is set" in double.message
-    assert f"{V_GROUPED}:" in double.message and f"{V_RUNNER}:" in double.message
+    said = "\n".join([double.message, *double.lines])  # the one-line headline and its evidence lines
+    assert "apply_routed_scale_to_output is set" in said
+    assert f"{V_GROUPED}:" in said and f"{V_RUNNER}:" in said
     # FusedMoEFactory's callers import it through the fused_moe package __init__.
     best = p.signals.best_hot_path
     assert best is not None and best.level in ("every layer", "some layers")
@@ -151,7 +152,8 @@ def test_sglang_identity_removed_is_tier_1_and_names_the_topk_multiply_and_its_f
     hash_double = [d for d in p.doubles if d.other.file == S_HASH]
     assert hash_double and hash_double[0].other.function == "HashTopK.forward"
     assert hash_double[0].added.file == S_MXFP4 and "alpha=alpha" in hash_double[0].added.code
-    assert "apply_routed_scaling_factor_on_output is set" in hash_double[0].message
+    said = "\n".join([hash_double[0].message, *hash_double[0].lines])  # the headline and its evidence lines
+    assert "apply_routed_scaling_factor_on_output is set" in said
 
 
 def test_sglang_reordering_that_changes_only_rounding_is_not_flagged(sglang_source: Path, tmp_path: Path) -> None:

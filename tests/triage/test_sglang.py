@@ -142,5 +142,5 @@ def test_cli_json_on_the_sglang_tree(sglang_tree: Path, unconditional_diff: Path
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    messages = [d["message"] for d in data["trace"]["double_applications"]]
+    messages = ["\n".join([d["message"], *d["lines"]]) for d in data["trace"]["double_applications"]]
     assert any(f"{DEEPSEEK}:" in m and "DeepseekV2MoE.forward_normal" in m for m in messages)
