@@ -283,6 +283,20 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
         ctx.progress.advance("localize", 1, f"scale check {' + '.join(patches)}")
 
 
+def why_no_live_localize(ctx: Context) -> str | None:
+    """Why a manifest's stack cannot be localized live (None when it can): the prompt comes from the tokenizer
+    or config of the served model's folder, so a target without one (a GGUF file served by llama.cpp, a
+    server speedtrap cannot reach inside) is skipped with that said, not failed."""
+    model = ctx.server_manifest().target.model
+    if model is None or not Path(model).is_dir():
+        what = "no target.model" if model is None else f"target.model {model!r} is not a model folder"
+        return (
+            f"live localize needs the served model's folder (its tokenizer or config.json) and a Python engine "
+            f"to reach inside (SGLang, vLLM, speedtrap serve); {what}"
+        )
+    return None
+
+
 def live_localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
     """Each culprit set localized inside the manifest's own stack (``localize.localize_on_stack``): the base
     launched and captured once (kept in ``localize/live/``), then each culprit's configuration, one stack at a
