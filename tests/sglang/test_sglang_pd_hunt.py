@@ -98,6 +98,15 @@ def test_run_names_the_seeds_commit_with_its_role_as_brute_force_does(tmp_path: 
     assert all({"prefill", "decode"} <= {p["phase"] for p in d["phases"]} for d in report["divergence"])  # by phase
     assert inspected is not None
     _check_inspect(inspected, manifest)
+    # the live localize of each culprit, in the role it is switched on in (SGLang's dumper there, the agent's scale)
+    localized = {tuple(loc["patches"]): loc for loc in report["localization"]}
+    assert set(localized) == set(culprits), (list(localized), culprits)
+    for (name,), loc in localized.items():
+        role = name.rsplit("@", 1)[1]
+        assert f"role {role}" in loc["measured_on"] and "SGLang's own dumper" in loc["measured_on"], loc
+        first = loc["layers"]["first_divergent"]
+        assert first is not None and ".mlp." in first, (name, first)
+        print(f"localized {name}: {loc['measured_on']}; first divergent {first}", flush=True)
 
 
 def oracle_config(manifest: Any, name: str) -> tuple[str, ...]:
