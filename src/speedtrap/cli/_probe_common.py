@@ -125,6 +125,9 @@ def _print_divergence(report: DivergenceReport) -> None:
     worst = {k: v for k, v in report.figures().items() if k.startswith("worst.")}
     if worst:  # the figures a verdict (--bound, check --against, the manifest's [verdict]) reads
         out_console.print("  ".join(f"{k} {v:.4g}" for k, v in sorted(worst.items())), highlight=False)
+    reading = report.reading()
+    if reading:
+        out_console.print(f"reading: {reading}", highlight=False, markup=False)
     for side, engine in report.engines.items():
         out_console.print(f"{side}: {engine}", highlight=False)
     if report.keys.get("unmapped") or report.keys.get("mapped"):

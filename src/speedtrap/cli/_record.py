@@ -331,7 +331,9 @@ def _gate(
         checks += judge_divergence(measured.divergence, bounds)
     if measured.recall is not None:
         checks += judge_recall(measured.recall, margin)
-    return GateResult(recording.path, target, checks, measured.notes, measured.to_json(), time.perf_counter() - started)
+    reading = measured.divergence.reading() if measured.divergence is not None else None
+    elapsed = time.perf_counter() - started
+    return GateResult(recording.path, target, checks, measured.notes, measured.to_json(), elapsed, reading)
 
 
 def _hunt(manifest: Path, recording: Recording, result: Any, run_dir: Path | None, model: Any) -> Any:
@@ -350,6 +352,8 @@ def _print_gate(result: Any, hunt: Any) -> None:
         out_console.print(f"{mark} {check.probe}: {check.message}", highlight=False)
     for note in result.notes:
         out_console.print(f"note: {note}", highlight=False)
+    if result.reading:
+        out_console.print(f"reading: {result.reading}", highlight=False, markup=False)
     if result.passed:
         out_console.print(f"speedtrap check: pass against {result.recording}", highlight=False)
         return

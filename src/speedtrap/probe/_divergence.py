@@ -85,6 +85,49 @@ class DivergenceSettings:
         return cls(**{**data, "lengths": tuple(int(n) for n in data["lengths"])})
 
 
+@dataclass(frozen=True)
+class Departure:
+    """Where one sequence's decode first leaves the baseline: the decode step (0: the token the prefill's forward
+    predicts; 1: the first computed from the KV cache) whose argmax differs, and the KL there."""
+
+    step: int
+    kl: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "kl": self.kl}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Departure:
+        return cls(int(data["step"]), float(data["kl"]))
+
+    @classmethod
+    def of(cls, decode: Sequence[PositionStat]) -> Departure | None:
+        """The first decode step whose argmax differs (``decode``: one sequence's steps, in order)."""
+        first = decode[0].position if decode else 0
+        return next((cls(s.position - first, s.kl) for s in decode if not s.same_top1), None)
+
+
+def decode_side_reading(phases: Mapping[str, PhaseDivergence], departures: Sequence[Departure | None]) -> str | None:
+    """A sentence when the figures point at the decode side, else None. Said only when all of these were measured:
+    every prefill position has the baseline's argmax; every sequence's decode leaves the baseline at step 1, the
+    first token computed from the KV cache (step 0, predicted by the prefill's forward, agrees); and the KL there
+    exceeds the largest KL of any prefill position. On a prefill/decode-disaggregated stack that is what a decode
+    shows that did not receive the prefill's KV (a transfer that moved nothing or the wrong pages)."""
+    prefill = phases.get("prefill")
+    if prefill is None or prefill.overall.tokens == 0 or prefill.overall.same_top1 < 1.0 or not departures:
+        return None
+    if any(d is None or d.step != 1 or d.kl <= prefill.overall.kl_max for d in departures):
+        return None
+    kls = sorted(d.kl for d in departures if d is not None)
+    kl = f"KL {kls[0]:.3g}" if len(kls) == 1 else f"KL {kls[0]:.3g}-{kls[-1]:.3g}"
+    return (
+        f"the decode is wrong from its first token read from the KV cache (decode step 1 in {len(kls)} of "
+        f"{len(kls)} sequence(s), {kl}) while every prefill position agrees (largest KL "
+        f"{prefill.overall.kl_max:.3g}): the fault is on the decode side, in the KV the decode reads or in its own "
+        "computation; on a prefill/decode-disaggregated stack, a decode that did not receive the prefill's KV"
+    )
+
+
 @dataclass
 class DivergenceReport:
     baseline: str
@@ -97,6 +140,11 @@ class DivergenceReport:
     engines: dict[str, str] = field(default_factory=dict)  # "baseline"/"candidate" -> engine and version
     top_k_seen: dict[str, int] = field(default_factory=dict)  # the k each side returned (HTTP only)
     keys: dict[str, Any] = field(default_factory=dict)  # text names mapped to ids, and those that were not
+    departures: list[Departure | None] = field(default_factory=list)  # per sequence, in job order
+
+    def reading(self) -> str | None:
+        """What the figures say of where the fault is (:func:`decode_side_reading`), or None."""
+        return decode_side_reading(self.phases, self.departures)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +160,8 @@ class DivergenceReport:
             "engines": self.engines,
             "top_k_seen": self.top_k_seen,
             "keys": self.keys,
+            "departures": [None if d is None else d.to_json() for d in self.departures],
+            "reading": self.reading(),
         }
 
     def figures(self) -> dict[str, float]:
@@ -131,6 +181,7 @@ class DivergenceReport:
             engines={str(k): str(v) for k, v in data.get("engines", {}).items()},
             top_k_seen={str(k): int(v) for k, v in data.get("top_k_seen", {}).items()},
             keys=dict(data.get("keys", {})),
+            departures=[None if d is None else Departure.from_json(d) for d in data.get("departures", [])],
         )
 
 
@@ -352,15 +403,18 @@ async def arun_divergence(
             store.close()
     stats: dict[str, list[PositionStat]] = {p: [] for p in PHASES}
     lengths: list[int] = []
+    departures: list[Departure | None] = []
     for job in jobs:  # in job order, whichever run measured each sequence
         tokens, found = finished[job]
         lengths.append(tokens)
+        departures.append(Departure.of(found["decode"]))
         for phase in PHASES:
             stats[phase].extend(found[phase])
     phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
     return DivergenceReport(
         baseline.name, candidate.name, settings, phases, _approximation(exact, settings.top_k, seen),
         time.perf_counter() - started, lengths, engines, seen, {} if exact else {"note": KEYING, **tally.to_json()},
+        departures,
     )  # fmt: skip
 
 

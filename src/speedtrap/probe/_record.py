@@ -27,6 +27,7 @@ from speedtrap.probe._backend import Backend, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._divergence import (
     APPROXIMATION,
     PHASES,
+    Departure,
     DivergenceReport,
     DivergenceSettings,
     TopkSide,
@@ -386,6 +387,7 @@ async def adivergence_against(
     in_process = recording.identity.source == "in-process"
     stats: dict[str, list[PositionStat]] = {p: [] for p in PHASES}
     lengths: list[int] = []
+    departures: list[Departure | None] = []
     order = {(n, i): r for r, (n, i) in enumerate((n, i) for n in settings.lengths for i in range(settings.sequences))}
     sequences = sorted(recording.sequences, key=lambda s: order[s.key])
     with progress_bar(progress, f"divergence {candidate.name} vs recording", len(sequences), 0) as advance:
@@ -399,6 +401,7 @@ async def adivergence_against(
                 side = await fetch_topk(candidate, seq_prompt(seq), settings.decode_tokens, settings.top_k)
                 found = compare_topk(recorded_side(seq), side)
                 lengths.append(max((st.position for st in found["prefill"]), default=0) + 1)
+            departures.append(Departure.of(found["decode"]))
             for phase in PHASES:
                 stats[phase].extend(found[phase])
             advance()
@@ -407,7 +410,8 @@ async def adivergence_against(
         k=settings.top_k
     )
     baseline = f"recording {Path(recording.path).name} [{recording.identity.model}]"
-    return DivergenceReport(baseline, candidate.name, settings, phases, approx, time.perf_counter() - started, lengths)
+    elapsed = time.perf_counter() - started
+    return DivergenceReport(baseline, candidate.name, settings, phases, approx, elapsed, lengths, departures=departures)
 
 
 async def arecall_against(recording: Recording, candidate: Backend, *, progress: bool = True) -> RecallComparison:

@@ -46,6 +46,7 @@ class GateResult:
     notes: list[str] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    reading: str | None = None  # where the divergence's figures place the fault (DivergenceReport.reading)
 
     @property
     def passed(self) -> bool:
@@ -68,6 +69,7 @@ class GateResult:
             "notes": self.notes,
             "measured": self.measured,
             "elapsed_s": self.elapsed_s,
+            "reading": self.reading,
         }
 
 

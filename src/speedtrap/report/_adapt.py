@@ -79,7 +79,7 @@ def divergence_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any],
     out = sorted(
         ((str(name), shown_phase(dict(phase))) for name, phase in items), key=lambda x: PHASE_ORDER.get(x[0], 2)
     )
-    return DivergenceRun(label, patches, dict(out), command)
+    return DivergenceRun(label, patches, dict(out), command, str(doc.get("reading") or ""))
 
 
 def rule_words(rule: Mapping[str, Any]) -> tuple[str, str, float | None]:

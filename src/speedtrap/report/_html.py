@@ -181,7 +181,8 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
             '<h2 id="divergence">Probes: divergence by position</h2><p class="meta">Teacher-forced next-token '
             "distributions of the same token sequences, baseline vs patched: prefill (one forward) and decode "
             f"(token by token through the KV cache).</p>{_table(_tables.divergence_table(data.divergence))}"
-            f"{_figures(figs, 'divergence', grid='grid wide')}"
+            + "".join(f"<p>Reading of {_esc(r.label)}: {_esc(r.reading)}.</p>" for r in data.divergence if r.reading)
+            + _figures(figs, "divergence", grid="grid wide")
         )
     if data.isolation is not None:
         iso = data.isolation

@@ -82,6 +82,7 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
     if data.divergence:
         out.append("\n## Probes: divergence by position\n")
         out.append(_table(_tables.divergence_table(data.divergence)))
+        out += [f"Reading of {d.label}: {d.reading}.\n" for d in data.divergence if d.reading]
         out.append(_figures(figs, "divergence"))
     if data.isolation is not None:
         iso = data.isolation

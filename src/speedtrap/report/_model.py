@@ -276,17 +276,19 @@ class DivergenceRun:
     patches: tuple[str, ...]
     phases: dict[str, PhaseDivergence]  # prefill | decode -> the probe's figures, in that order
     command: str = ""
+    reading: str = ""  # where the figures place the fault (the probe's reading), "" when they say nothing
 
     def phase(self, name: str) -> PhaseDivergence | None:
         return self.phases.get(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "label": self.label,
             "patches": list(self.patches),
             "phases": [phase_json(k, v) for k, v in self.phases.items()],
             "command": self.command,
         }
+        return {**doc, "reading": self.reading} if self.reading else doc  # a report without one: as before
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DivergenceRun:
@@ -295,4 +297,5 @@ class DivergenceRun:
             _strs(d.get("patches")),
             {str(p["phase"]): shown_phase(p) for p in d.get("phases", [])},
             str(d.get("command", "")),
+            str(d.get("reading") or ""),
         )
