@@ -89,6 +89,34 @@ def test_check_launches_the_stack_itself_stops_it_and_hunts_with_the_failed_boun
     assert watcher.most == 2  # the watcher did see a stack
 
 
+@pytest.mark.slow
+def test_check_launches_the_named_build_judges_it_through_the_entry_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check --against REC --manifest F --config P`` without a hunt: the build launched with P on, probed with the
+    client a trial uses (the stack's entry), exit 1, and no role left running."""
+    monkeypatch.setenv(MARKER, tmp_path.name + str(os.getpid()))
+    path = serve_stack(tmp_path)
+    with_bound = path.with_name("recording.toml")  # the loader wants a rule; check's is the failed bound
+    with_bound.write_text(path.read_text() + '\n[verdict]\nmetric = "worst.kl_p99"\nbound = 0.1\n')
+    loaded = load_isolate_manifest(with_bound)
+    oracle = ServerOracle(loaded.target, loaded.patches, loaded.probe)
+    with Watcher() as watcher:
+        stack, _ = oracle.start((), tmp_path / "baseline" / "b.log")
+        with stack:
+            rec = record(oracle.backend(stack), tmp_path / "base.strec", divergence=SETTINGS, progress=False)
+        argv = [sys.executable, "-m", "speedtrap", "check", "--against", str(rec.path), "--manifest", str(path),
+                "--config", "hash_topk_routed_scaling", "--run-dir", str(tmp_path / "check"), "--json"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+        left = watcher.count()
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert [c["passed"] for c in doc["checks"] if c["probe"] == "divergence"] == [False]
+    assert doc["target"].startswith("http://127.0.0.1:") and doc["bisect"] is None
+    assert doc["reading"] is None  # the culprit changes the prefill's math too: not a decode-side fault
+    assert left == 0 and watcher.most == 2, (left, watcher.most)  # one stack at a time, none left behind
+
+
 def test_a_url_target_with_bisect_on_fail_needs_a_stop_command(tmp_path: Path) -> None:
     path = serve_stack(tmp_path)
     argv = [sys.executable, "-m", "speedtrap", "check", "--against", str(tmp_path / "x.strec"), "--target",

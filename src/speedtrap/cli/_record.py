@@ -274,11 +274,11 @@ def check_callback(
 
         assert manifest is not None
         folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="speedtrap-check-"))
-        launched, target, loaded_manifest = launch_build(manifest, config, folder / "build")
-        model = model or loaded_manifest.probe.model or loaded_manifest.target.served_model or ""
-        api = loaded_manifest.probe.api if api == "openai" else api
+        launched, cand, _ = launch_build(manifest, config, folder / "build", None if api == "openai" else api, model)
+        target = f"http://127.0.0.1:{launched.port}"
     try:
-        cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
+        if launched is None:
+            cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
         result = _gate(recording, cand, kinds, bounds, margin, target)
     finally:
         if launched is not None:

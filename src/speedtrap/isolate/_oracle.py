@@ -254,12 +254,12 @@ class ServerOracle:
     def _start(self, config: Config, log: Path) -> tuple[Server, float]:
         return self.launcher.start(config, log)
 
-    def backend(self, server: Server, api: Any = None) -> Any:
+    def backend(self, server: Server, api: Any = None, model: str | None = None) -> Any:
         """The probe's client of ``server``. On a stack: ``/tokenize`` asked of a model role where the entry
         has none (SGLang's router), and a request that outlives ``target.request_timeout`` not retried."""
         from speedtrap import probe
 
-        model = self.probe.model or self.target.served_model or ""
+        model = model or self.probe.model or self.target.served_model or ""
         kw: dict[str, Any] = {"api": api or self.probe.api, "watch": server.died}
         stack = self.target.stack
         if stack is not None and isinstance(server, Stack):

@@ -33,8 +33,11 @@ def build_config(manifest: IsolateManifest, named: str | None) -> tuple[str, ...
     return chosen
 
 
-def launch_build(manifest_path: Path, named: str | None, log_dir: Path) -> tuple[Any, str, IsolateManifest]:
-    """Start the manifest's build (a stack of roles or one server) in the configuration to check."""
+def launch_build(
+    manifest_path: Path, named: str | None, log_dir: Path, api: str | None = None, model: str | None = None
+) -> tuple[Any, Any, IsolateManifest]:
+    """Start the manifest's build (a stack of roles or one server) in the configuration to check; the server and
+    the probe's client of it as a trial's (a stack's tokenizer and prompt-logprob roles, its request timeout)."""
     from speedtrap.regress._hunt import manifest_without_rule
 
     manifest = manifest_without_rule(manifest_path)  # the recording is the probe, the bounds the rule
@@ -47,7 +50,11 @@ def launch_build(manifest_path: Path, named: str | None, log_dir: Path) -> tuple
     oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
     log_dir.mkdir(parents=True, exist_ok=True)
     server, _seconds = oracle.start(config, log_dir / "checked-build.log")
-    return server, f"http://127.0.0.1:{server.port}", manifest
+    try:
+        return server, oracle.backend(server, api, model), manifest
+    except BaseException:
+        server.stop()
+        raise
 
 
 def stop_url(command: str, url: str, timeout: float = 120.0) -> None:
