@@ -43,6 +43,15 @@ def test_a_decode_wrong_from_its_first_kv_step_while_the_prefill_agrees_is_read_
     assert "did not receive the prefill's KV" in text and len(text) < 400
 
 
+def test_a_bit_identical_prompt_and_a_decode_that_leaves_it_later_is_read_as_the_decode_side() -> None:
+    exact = _phases([True] * 4, [0.0] * 4)
+    text = decode_side_reading(exact, [Departure(2, 2.13), None])
+    assert text is not None and "bit-identical" in text and "at step 2 (1 of 2 sequence(s), KL 2.13)" in text
+    assert "did not receive" not in text  # step 2: not the first KV read
+    assert "first token read from the KV cache" in str(decode_side_reading(exact, [Departure(1, 0.5)]))
+    assert decode_side_reading(exact, [None, None]) is None  # the decode never left the baseline
+
+
 def test_no_reading_unless_every_condition_was_measured() -> None:
     assert decode_side_reading(AGREES, [Departure(2, 9.5)]) is None  # the first KV step agreed
     assert decode_side_reading(AGREES, [Departure(0, 9.5)]) is None  # the prefill's own token already differs

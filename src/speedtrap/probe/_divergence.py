@@ -108,24 +108,38 @@ class Departure:
 
 
 def decode_side_reading(phases: Mapping[str, PhaseDivergence], departures: Sequence[Departure | None]) -> str | None:
-    """A sentence when the figures point at the decode side, else None. Said only when all of these were measured:
-    every prefill position has the baseline's argmax; every sequence's decode leaves the baseline at step 1, the
-    first token computed from the KV cache (step 0, predicted by the prefill's forward, agrees); and the KL there
-    exceeds the largest KL of any prefill position. On a prefill/decode-disaggregated stack that is what a decode
-    shows that did not receive the prefill's KV (a transfer that moved nothing or the wrong pages)."""
+    """A sentence when the figures point at the decode side, else None; said only where it was measured.
+
+    - Every prefill position has the baseline's argmax, every sequence's decode leaves the baseline at step 1
+      (the first token computed from the KV cache; step 0, the prefill forward's own token, agrees), and the KL
+      there exceeds the largest KL of any prefill position: the decode is wrong from its first KV read. On a
+      prefill/decode-disaggregated stack, what a decode shows that did not receive the prefill's KV.
+    - Otherwise, every prefill position is bit-identical to the baseline (KL 0) and some sequence's decode leaves
+      it: the prompt's computation is unchanged, so the difference is on the decode side.
+    """
     prefill = phases.get("prefill")
-    if prefill is None or prefill.overall.tokens == 0 or prefill.overall.same_top1 < 1.0 or not departures:
+    left = [d for d in departures if d is not None]
+    if prefill is None or prefill.overall.tokens == 0 or prefill.overall.same_top1 < 1.0 or not left:
         return None
-    if any(d is None or d.step != 1 or d.kl <= prefill.overall.kl_max for d in departures):
-        return None
-    kls = sorted(d.kl for d in departures if d is not None)
+    largest = prefill.overall.kl_max
+    kls = sorted(d.kl for d in left)
     kl = f"KL {kls[0]:.3g}" if len(kls) == 1 else f"KL {kls[0]:.3g}-{kls[-1]:.3g}"
-    return (
-        f"the decode is wrong from its first token read from the KV cache (decode step 1 in {len(kls)} of "
-        f"{len(kls)} sequence(s), {kl}) while every prefill position agrees (largest KL "
-        f"{prefill.overall.kl_max:.3g}): the fault is on the decode side, in the KV the decode reads or in its own "
-        "computation; on a prefill/decode-disaggregated stack, a decode that did not receive the prefill's KV"
-    )
+    if len(left) == len(departures) and all(d.step == 1 and d.kl > largest for d in left):
+        return (
+            f"the decode is wrong from its first token read from the KV cache (decode step 1 in {len(left)} of "
+            f"{len(departures)} sequence(s), {kl}) while every prefill position agrees (largest KL {largest:.3g}): "
+            "the fault is on the decode side, in the KV the decode reads or in its own computation; on a "
+            "prefill/decode-disaggregated stack, a decode that did not receive the prefill's KV"
+        )
+    if largest == 0.0:
+        steps = sorted({d.step for d in left})
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        return (
+            f"every prefill position is bit-identical to the baseline (KL 0) and the decode leaves it at {at} "
+            f"({len(left)} of {len(departures)} sequence(s), {kl}): the fault is on the decode side, in the KV cache "
+            "it reads or in its own computation"
+        )
+    return None
 
 
 @dataclass
