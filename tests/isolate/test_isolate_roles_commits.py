@@ -6,6 +6,7 @@ working directory (``/proc/PID/environ``, ``/proc/PID/cwd``), and the file the c
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -61,3 +62,26 @@ def test_a_split_commit_runs_in_its_role_only(tmp_path: Path, repo: tuple[Path, 
             for role, (_, cwd) in seen.items():
                 first = _environ(_server_pid(stack.pids()[role]))["PYTHONPATH"].split(":")
                 assert cwd == str(Path(first[0]).resolve()) and first[-1] == "/x", (role, first)  # target.env kept
+
+
+def test_inspect_reads_a_commit_patch_back_from_each_roles_worktree(
+    tmp_path: Path, repo: tuple[Path, str, str]
+) -> None:
+    """``inspect --manifest``: a commit patch is on in a role when the worktree first on that process's
+    PYTHONPATH holds its commit; checked against the file the commit changes, read in that folder."""
+    from typer.testing import CliRunner
+
+    from speedtrap.cli import app
+
+    root, base, sha = repo
+    patches = [{"name": "fuse", "commit": sha, "split": True}]
+    path = write_stack(tmp_path, pd_roles(), patches, {"repo": str(root), "base": base})
+    with started(path, ("fuse@prefill",), tmp_path) as stack:
+        seen = {role: _code(_server_pid(pid))[0] for role, pid in stack.pids().items() if role != "router"}
+        out = CliRunner().invoke(app, ["inspect", "--manifest", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    by_role = {r["role"]: r for r in json.loads(out.output)["roles"]}
+    assert seen == {"prefill": "2.5", "decode": "1.0"}  # the kernel's view: the prefill alone runs the commit
+    assert by_role["prefill"]["patches_on"] == ["fuse@prefill"] and by_role["decode"]["patches_on"] == []
+    (gate,) = by_role["decode"]["gates"]
+    assert gate["patch"] == "fuse@decode" and gate["state"] == "off" and sha[:12] in gate["evidence"]

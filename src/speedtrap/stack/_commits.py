@@ -183,6 +183,32 @@ def _check_git_version() -> None:
         raise ManifestError(f"commit patches need git 2.38 or newer ({text})", "upgrade git")
 
 
+APPLIED = "Speedtrap-Applied: "  # a line of a worktree commit's message per commit it holds
+
+
+def applied_message(base: str, commits: Sequence[str]) -> str:
+    """The message of a worktree's commit: the base, then a line per commit applied (what inspect reads back)."""
+    return "\n".join([f"speedtrap: {base} + {len(commits)} commit(s)", "", *(APPLIED + c for c in commits)])
+
+
+def worktree_applied(pythonpath: str) -> tuple[Path, frozenset[str]] | None:
+    """The first entry of ``pythonpath`` that is a speedtrap worktree, and the commits it holds (read from its
+    HEAD's message); None when no entry is one."""
+    for entry in filter(None, pythonpath.split(os.pathsep)):
+        folder = Path(entry)
+        if not folder.is_dir():
+            continue
+        try:
+            done = run_git(["log", "-1", "--format=%B", "HEAD"], cwd=folder, check=False)
+        except ManifestError:  # no git here: nothing can be read back
+            return None
+        message = done.stdout if done.returncode == 0 else ""
+        if message.startswith("speedtrap: "):
+            lines = message.splitlines()
+            return folder, frozenset(line[len(APPLIED) :].strip() for line in lines if line.startswith(APPLIED))
+    return None
+
+
 class CommitTrees:
     """Applies subsets of commits on a base in a private bare repository (in memory, cached by prefix).
 
@@ -211,9 +237,9 @@ class CommitTrees:
     def _tree_of(self, rev: str) -> str:
         return self._git("rev-parse", f"{rev}^{{tree}}").strip()
 
-    def _synthetic(self, tree: str, parent: str | None) -> str:
+    def _synthetic(self, tree: str, parent: str | None, message: str = "speedtrap") -> str:
         extra = ["-p", parent] if parent else []
-        return self._git("commit-tree", tree, *extra, "-m", "speedtrap").strip()
+        return self._git("commit-tree", tree, *extra, "-m", message).strip()
 
     def _pick(self, onto: str, commit: str) -> str | None:
         """The tree of ``onto`` with ``commit`` cherry-picked (3-way, merge base: its parent), or None."""
@@ -251,7 +277,7 @@ class CommitTrees:
                 "this subset conflicts: it is skipped by the search",
             )
         with self._lock:
-            return self._synthetic(tree, self.base)
+            return self._synthetic(tree, self.base, applied_message(self.base, commits))
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

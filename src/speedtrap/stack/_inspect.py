@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from speedtrap._errors import UsageError
 from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
 from speedtrap.spec import Gate, GateKind
+from speedtrap.stack._commits import worktree_applied
 from speedtrap.stack._plugins import PluginEntry, process_plugins
 
 ENV, FLAG, CONFIG = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG
@@ -205,7 +206,11 @@ def _model_config(argv: list[str]) -> dict[str, Any] | None:
     return None
 
 
-def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], local: bool) -> GateState:
+def gate_state(
+    name: str, gate: Gate, argv: list[str], env: dict[str, str], local: bool, commits: Sequence[str] = ()
+) -> GateState:
+    """Whether a patch is on in a process, from its argv and env (``commits``: a commit patch's shas, read
+    against the worktree on its PYTHONPATH)."""
     if gate.kind == ENV:
         states = []
         for key, value in gate.env:
@@ -237,7 +242,20 @@ def gate_state(name: str, gate: Gate, argv: list[str], env: dict[str, str], loca
         got = str(config[key]).lower()
         on = got == value.lower() or (got in _TRUTHY and value.lower() in _TRUTHY)
         return GateState(name, gate, "on" if on else "off", f"config.json: {key}={config[key]}")
+    if gate.kind == GateKind.COMMIT and commits:
+        return _commit_state(name, gate, commits, env.get("PYTHONPATH", ""))
     return GateState(name, gate, "ungated", "compiled in: on whenever the build contains it")
+
+
+def _commit_state(name: str, gate: Gate, commits: Sequence[str], pythonpath: str) -> GateState:
+    """A commit patch: on when the speedtrap worktree first on the process's PYTHONPATH holds its commits."""
+    found = worktree_applied(pythonpath)
+    if found is None:
+        return GateState(name, gate, "unknown", "no speedtrap worktree on PYTHONPATH: the build's commits not read")
+    folder, applied = found
+    short = ", ".join(c[:12] for c in commits)
+    on = set(commits) <= applied
+    return GateState(name, gate, "on" if on else "off", f"{short} {'in' if on else 'not in'} the worktree {folder}")
 
 
 def switch_like(env: Mapping[str, str]) -> dict[str, str]:

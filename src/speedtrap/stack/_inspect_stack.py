@@ -10,15 +10,17 @@ process whose environment lacks the role's launch variables (or cannot be read) 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedtrap._errors import UsageError
+from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._inspect import GateState, gate_state, switch_like
 from speedtrap.stack._manifest import load_stack_manifest
 from speedtrap.stack._records import read_records
+from speedtrap.stack._worktree import resolve_commit_patches
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,10 @@ def _state(pid: int, launch_keys: set[str]) -> tuple[ProcessState, dict[str, str
 def inspect_stack(manifest_path: Path) -> StackReport:
     """The live stack of ``manifest_path`` (the one speedtrap launched from it), role by role."""
     target, patches = load_stack_manifest(manifest_path)
+    # commit patches: their full shas, read back from each role's worktree (a repository moved since the launch:
+    # those gates stay unknown, the rest is read)
+    with contextlib.suppress(SpeedtrapError):
+        target, patches = resolve_commit_patches(target, patches)
     stack = target.stack
     if stack is None:
         raise UsageError(
@@ -177,7 +183,7 @@ def inspect_stack(manifest_path: Path) -> StackReport:
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
         shown = redact_env(env)[0]
-        report.gates = [gate_state(p.name, p.gate, argv, shown, True) for p in applies]
+        report.gates = [gate_state(p.name, p.gate, argv, shown, True, p.commits) for p in applies]
         readable = report.leader is not None and report.leader.env_readable
         report.argv = redact_argv((_cmdline(leader_pid) if readable else []) or argv)  # a retitled leader: as launched
         report.switches = dict(sorted(switch_like(shown).items()))  # engine switches and PYTHONPATH
