@@ -5,6 +5,7 @@ The real case (a PD stack whose KV transfer moves nothing) is ``tests/sglang/tes
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,3 +71,14 @@ def test_the_reading_and_the_departures_survive_json() -> None:
     assert again.departures == report.departures and again.to_json() == doc
     old = {k: v for k, v in doc.items() if k not in ("departures", "reading")}  # a report written before them
     assert DivergenceReport.from_json(old).reading() is None
+
+
+def test_the_gate_prints_the_reading_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from speedtrap.cli._record import _print_gate
+    from speedtrap.regress import Check, GateResult
+
+    text = str(decode_side_reading(AGREES, [Departure(1, 9.5)]))
+    failed = Check("worst.kl_p99", "divergence", 9.5, "worst.kl_p99<=0.1", False, "regression: worst.kl_p99 = 9.5")
+    _print_gate(GateResult("base.strec", "http://127.0.0.1:1", [failed], reading=text), None)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"reading: {text}" in lines  # whole, whatever the terminal's width: a line to grep in a CI log

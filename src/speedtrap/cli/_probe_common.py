@@ -127,7 +127,7 @@ def _print_divergence(report: DivergenceReport) -> None:
         out_console.print("  ".join(f"{k} {v:.4g}" for k, v in sorted(worst.items())), highlight=False)
     reading = report.reading()
     if reading:
-        out_console.print(f"reading: {reading}", highlight=False, markup=False)
+        out_console.print(f"reading: {reading}", highlight=False, markup=False, soft_wrap=True)
     for side, engine in report.engines.items():
         out_console.print(f"{side}: {engine}", highlight=False)
     if report.keys.get("unmapped") or report.keys.get("mapped"):

@@ -353,7 +353,7 @@ def _print_gate(result: Any, hunt: Any) -> None:
     for note in result.notes:
         out_console.print(f"note: {note}", highlight=False)
     if result.reading:
-        out_console.print(f"reading: {result.reading}", highlight=False, markup=False)
+        out_console.print(f"reading: {result.reading}", highlight=False, markup=False, soft_wrap=True)
     if result.passed:
         out_console.print(f"speedtrap check: pass against {result.recording}", highlight=False)
         return
