@@ -1,6 +1,6 @@
 """A decode that received no KV, on the real SGLang PD stack: caught by ``check --against`` and said plainly.
 
-A ``stack`` benchmark (two PD launches, about 5 min). The construction: the PD example's SGLang repository with one
+A slow test (in CI: two PD launches, 141 s here). The construction: the PD example's SGLang repository with one
 more commit, ``kv_send_skipped``, whose ``MooncakeKVManager.send_kvcache`` returns success at once (a "fast path"
 that moves nothing), switched on the prefill (the sender) only. The decode then reads KV pages the prefill never
 wrote; the prefill's own answers (the prompt's logprobs, the first token) are untouched. So by construction the
@@ -53,7 +53,6 @@ def _commit_skip(repo: Path) -> str:
     return git("rev-parse", "HEAD", repo=repo)
 
 
-@pytest.mark.stack
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_transfer_that_moves_nothing_is_caught_and_read_as_the_decode_side(tmp_path: Path) -> None:
@@ -87,6 +86,5 @@ def test_a_transfer_that_moves_nothing_is_caught_and_read_as_the_decode_side(tmp
     assert reading is not None, out
     assert "decode step 1" in reading and "did not receive the prefill's KV" in reading, reading
     assert watcher.most <= 2, f"{watcher.most} SGLang servers alive at once (a stack is two)"
-    runs = list((tmp_path / "check").rglob("*.json"))
     print(json.dumps({"launch_s": round(launch_s), "base_s": round(base_s), "check_s": round(check_s),
-                      "most_servers": watcher.most, "files": len(runs)}))  # fmt: skip
+                      "most_servers": watcher.most}))  # fmt: skip
