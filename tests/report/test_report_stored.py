@@ -51,3 +51,27 @@ def test_the_report_holds_the_probes_own_types_and_round_trips() -> None:
     again = ReportData.from_json(json.loads(json.dumps(data.to_json())))
     assert again.to_json() == data.to_json()
     assert again == data
+
+
+def test_a_divergence_reading_reaches_the_report(tmp_path: Path) -> None:
+    """The probe's reading (where the figures place the fault) is carried into report.json, the Markdown and the
+    HTML, under the divergence table; a part without one adds nothing (the test above)."""
+    import shutil
+
+    from speedtrap.report._html import render_html
+    from speedtrap.report._markdown import markdown_text
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "probe_run", run)
+    part = run / "probes" / "divergence-p1.json"
+    doc = json.loads(part.read_text())
+    said = "the fault is on the decode side <here>"
+    doc["result"]["reading"] = said
+    part.write_text(json.dumps(doc))
+    data = load_report_data(run)
+    document = data.to_json()
+    assert {d["label"]: d.get("reading") for d in document["divergence"]} == {"p1": said, "all patches": None}
+    assert schema_errors(document) == []
+    assert f"Reading of p1: {said}." in markdown_text(data, [])
+    html = render_html(data, tmp_path / "html").read_text()
+    assert "Reading of p1: the fault is on the decode side &lt;here&gt;." in html
