@@ -24,11 +24,13 @@ launch and was found in use by the next stack's router).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -184,3 +186,14 @@ def run_router_request(url: str, ids: list[int], tokens: int, timeout: float = 6
 if __name__ == "__main__":
     os.environ.setdefault("PIP_NO_INPUT", "1")
     print(ensure_packages())
+
+
+def example_module() -> ModuleType:
+    """``examples/sglang-pd/build_example.py``, loaded by path under a name of its own: every example's script is
+    called ``build_example``, and a test worker that imported another one first would hand that one back."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "sglang-pd" / "build_example.py"
+    spec = importlib.util.spec_from_file_location("sglang_pd_build_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_stack import ROOT
+from sglang_pd_stack import example_module
 from typer.testing import CliRunner
 
 from _watch import ServerWatcher, argv_has, descends_from
 from speedtrap.cli import app
 from speedtrap.isolate import ServerOracle, TrialRequest, load_isolate_manifest
 
-sys.path.insert(0, str(ROOT / "examples" / "sglang-pd"))
-import build_example as pd_example
+pd_example = example_module()  # examples/sglang-pd/build_example.py
 
 SEED = "glm4_fused_topk_scale"
 

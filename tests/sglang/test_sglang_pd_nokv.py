@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_stack import ROOT
+from sglang_pd_stack import example_module
 
 from _watch import ServerWatcher, argv_has, descends_from
 from speedtrap.isolate import ServerOracle, load_isolate_manifest
 from speedtrap.probe import DivergenceSettings, record
 
-sys.path.insert(0, str(ROOT / "examples" / "sglang-pd"))
-import build_example as pd_example
+pd_example = example_module()  # examples/sglang-pd/build_example.py
 
 NAME = "kv_send_skipped"
 CONN = "sglang/srt/disaggregation/mooncake/conn.py"

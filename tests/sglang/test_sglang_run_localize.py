@@ -72,13 +72,9 @@ def test_run_on_the_sglang_example_localizes_the_seeds_commit_in_the_engine(tmp_
 
 @pytest.mark.timeout(3600)
 def test_the_seeds_halves_are_localized_in_their_roles_on_the_pd_stack(tmp_path: Path) -> None:
-    import importlib.util
+    from sglang_pd_stack import example_module
 
-    spec = importlib.util.spec_from_file_location("pd_build", ROOT / "examples" / "sglang-pd" / "build_example.py")
-    assert spec is not None and spec.loader is not None
-    pd = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pd)
-    manifest = pd.build(tmp_path / "example")
+    manifest = example_module().build(tmp_path / "example")
     culprits = [(f"{SEED}@prefill",), (f"{SEED}@decode",)]
     with _servers() as watcher:
         t0 = time.monotonic()
