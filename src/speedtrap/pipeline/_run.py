@@ -159,8 +159,8 @@ def run_pipeline(
         _skip(ctx, "evidence", "no isolation result")
     if not settings.localize or not culprits:
         _skip(ctx, "localize", "no culprit to localize" if settings.localize else "switched off")
-    elif not source.in_process and _stages.why_no_live_localize(ctx):
-        _skip(ctx, "localize", _stages.why_no_live_localize(ctx) or "")
+    elif not source.in_process and (why := _stages.why_no_live_localize(ctx)):
+        _skip(ctx, "localize", why)
     elif not source.in_process:  # inside the manifest's own stack, one launch at a time
         _stage(ctx, "localize", seconds, errors, lambda: _stages.live_localize_stage(ctx, culprits))
     else:

@@ -191,7 +191,10 @@ def applied_message(base: str, commits: Sequence[str]) -> str:
     return "\n".join([f"speedtrap: {base} + {len(commits)} commit(s)", "", *(APPLIED + c for c in commits)])
 
 
-def worktree_applied(pythonpath: str) -> tuple[Path, frozenset[str]] | None:
+Applied = tuple[Path, frozenset[str]]  # a speedtrap worktree and the commits it holds
+
+
+def worktree_applied(pythonpath: str) -> Applied | None:
     """The first entry of ``pythonpath`` that is a speedtrap worktree, and the commits it holds (read from its
     HEAD's message); None when no entry is one."""
     for entry in filter(None, pythonpath.split(os.pathsep)):

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from speedtrap._errors import UsageError
 from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
 from speedtrap.spec import Gate, GateKind
-from speedtrap.stack._commits import worktree_applied
+from speedtrap.stack._commits import Applied
 from speedtrap.stack._plugins import PluginEntry, process_plugins
 
 ENV, FLAG, CONFIG = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG
@@ -207,10 +207,17 @@ def _model_config(argv: list[str]) -> dict[str, Any] | None:
 
 
 def gate_state(
-    name: str, gate: Gate, argv: list[str], env: dict[str, str], local: bool, commits: Sequence[str] = ()
+    name: str,
+    gate: Gate,
+    argv: list[str],
+    env: dict[str, str],
+    local: bool,
+    commits: Sequence[str] = (),
+    worktree: Applied | None = None,
 ) -> GateState:
-    """Whether a patch is on in a process, from its argv and env (``commits``: a commit patch's shas, read
-    against the worktree on its PYTHONPATH)."""
+    """Whether a patch is on in a process, from its argv and env. A commit patch (``commits``: its resolved shas)
+    is read against ``worktree``, the speedtrap worktree first on the process's PYTHONPATH (read once per
+    process by the caller: :func:`worktree_applied`)."""
     if gate.kind == ENV:
         states = []
         for key, value in gate.env:
@@ -242,17 +249,18 @@ def gate_state(
         got = str(config[key]).lower()
         on = got == value.lower() or (got in _TRUTHY and value.lower() in _TRUTHY)
         return GateState(name, gate, "on" if on else "off", f"config.json: {key}={config[key]}")
-    if gate.kind == GateKind.COMMIT and commits:
-        return _commit_state(name, gate, commits, env.get("PYTHONPATH", ""))
+    if gate.kind == GateKind.COMMIT:
+        return _commit_state(name, gate, commits, worktree)
     return GateState(name, gate, "ungated", "compiled in: on whenever the build contains it")
 
 
-def _commit_state(name: str, gate: Gate, commits: Sequence[str], pythonpath: str) -> GateState:
+def _commit_state(name: str, gate: Gate, commits: Sequence[str], worktree: Applied | None) -> GateState:
     """A commit patch: on when the speedtrap worktree first on the process's PYTHONPATH holds its commits."""
-    found = worktree_applied(pythonpath)
-    if found is None:
+    if not commits:
+        return GateState(name, gate, "unknown", "a commit patch whose commits are not resolved here")
+    if worktree is None:
         return GateState(name, gate, "unknown", "no speedtrap worktree on PYTHONPATH: the build's commits not read")
-    folder, applied = found
+    folder, applied = worktree
     short = ", ".join(c[:12] for c in commits)
     on = set(commits) <= applied
     return GateState(name, gate, "on" if on else "off", f"{short} {'in' if on else 'not in'} the worktree {folder}")

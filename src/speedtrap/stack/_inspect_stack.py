@@ -17,6 +17,7 @@ from typing import Any
 
 from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap._redact import redact_argv, redact_env
+from speedtrap.stack._commits import worktree_applied
 from speedtrap.stack._inspect import GateState, gate_state, switch_like
 from speedtrap.stack._manifest import load_stack_manifest
 from speedtrap.stack._records import read_records
@@ -183,7 +184,8 @@ def inspect_stack(manifest_path: Path) -> StackReport:
         else:
             env, report.gates_from = recorded, "the environment recorded at launch (the leader's was not readable)"
         shown = redact_env(env)[0]
-        report.gates = [gate_state(p.name, p.gate, argv, shown, True, p.commits) for p in applies]
+        worktree = worktree_applied(shown.get("PYTHONPATH", "")) if any(p.commit for p in applies) else None
+        report.gates = [gate_state(p.name, p.gate, argv, shown, True, p.commits, worktree) for p in applies]
         readable = report.leader is not None and report.leader.env_readable
         report.argv = redact_argv((_cmdline(leader_pid) if readable else []) or argv)  # a retitled leader: as launched
         report.switches = dict(sorted(switch_like(shown).items()))  # engine switches and PYTHONPATH
