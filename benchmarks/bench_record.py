@@ -112,7 +112,8 @@ repeats = 0
 
 
 def isolate_modes(length: int) -> None:
-    from speedtrap.isolate import isolate, load_isolate_manifest
+    from speedtrap.isolate import isolate
+    from speedtrap.manifest import load_manifest
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -120,7 +121,7 @@ def isolate_modes(length: int) -> None:
             tag = f"bench-rec-{uuid.uuid4().hex[:8]}"
             path = Path(d) / f"{reference}.toml"
             path.write_text(MANIFEST.format(python=sys.executable, tag=tag, reference=reference, length=length))
-            manifest = load_isolate_manifest(path)
+            manifest = load_manifest(path)
             t0 = time.perf_counter()
             with Watcher(tag) as watch:
                 result = isolate(manifest, Path(d) / reference)

@@ -49,7 +49,8 @@ import build_example  # noqa: E402
 from sglang_stack import ensure_python  # noqa: E402
 
 from _watch import ServerWatcher, argv_has, descends_from  # noqa: E402
-from speedtrap.isolate import IsolateManifest, ServerOracle, TrialRequest, isolate, load_isolate_manifest  # noqa: E402
+from speedtrap.isolate import ServerOracle, TrialRequest, isolate  # noqa: E402
+from speedtrap.manifest import Manifest, load_manifest  # noqa: E402
 from speedtrap.stack import PatchSpec  # noqa: E402
 
 MARK = argv_has(b"-m", b"sglang.launch_server")
@@ -110,7 +111,7 @@ def applies(repo: Path, base: str, shas: list[str]) -> bool:
     return True
 
 
-def alone(manifest: IsolateManifest, patch: PatchSpec) -> tuple[str, ...]:
+def alone(manifest: Manifest, patch: PatchSpec) -> tuple[str, ...]:
     """``patch`` on the base: alone, or with the fewest earlier commit patches it needs to apply."""
     if patch.commit is None or manifest.target.repo is None:
         return (patch.name,)
@@ -141,14 +142,14 @@ def setup(run_dir: Path, flags: bool, reuse: bool) -> tuple[Path, float]:
     return path, time.monotonic() - t0
 
 
-def selected(path: Path, only: list[str]) -> IsolateManifest:
-    manifest = load_isolate_manifest(path)
+def selected(path: Path, only: list[str]) -> Manifest:
+    manifest = load_manifest(path)
     if only:
         manifest = dataclasses.replace(manifest, patches=tuple(p for p in manifest.patches if p.name in only))
     return manifest
 
 
-def run_isolate(manifest: IsolateManifest, run_dir: Path, setup_s: float) -> dict[str, Any]:
+def run_isolate(manifest: Manifest, run_dir: Path, setup_s: float) -> dict[str, Any]:
     with Watcher() as watcher:
         t0 = time.monotonic()
         result = isolate(manifest, run_dir / "isolate")
@@ -180,7 +181,7 @@ def run_isolate(manifest: IsolateManifest, run_dir: Path, setup_s: float) -> dic
     return record
 
 
-def run_brute(manifest: IsolateManifest, run_dir: Path) -> dict[str, Any]:
+def run_brute(manifest: Manifest, run_dir: Path) -> dict[str, Any]:
     reference = run_dir / "isolate" / "reference.strec"
     if not reference.exists():
         raise SystemExit(f"no recording at {reference}: run --phase isolate first")

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 
 from vllm_stack import ensure_stack  # noqa: E402
 
-from speedtrap.isolate import isolate, load_isolate_manifest  # noqa: E402
+from speedtrap.isolate import isolate  # noqa: E402
+from speedtrap.manifest import load_manifest  # noqa: E402
 
 MANIFEST = ROOT / "examples" / "vllm" / "speedtrap.toml"
 
@@ -34,7 +35,7 @@ def main() -> None:
     t0 = time.monotonic()
     ensure_stack()
     setup_s = time.monotonic() - t0
-    manifest = load_isolate_manifest(MANIFEST)
+    manifest = load_manifest(MANIFEST)
     only = [n for n in args.only.split(",") if n]
     unknown = set(only) - {p.name for p in manifest.patches}
     if unknown:

@@ -149,11 +149,11 @@ def _written(text: str | bytes, name: str) -> Iterator[Path]:
 @FUZZ
 @given(st.one_of(_document, _damaged(VALID_MANIFEST), st.binary(max_size=200)))
 def test_manifests_fail_in_one_line(fuzz_cases: Counter[str], text: str | bytes) -> None:
-    from speedtrap.isolate import load_isolate_manifest
+    from speedtrap.manifest import load_manifest
 
     with _written(text, "speedtrap.toml") as path:
         _one_line_or_ok(runner.invoke(app, ["triage", "--manifest", str(path), "--json"]))
-        _typed(lambda: load_isolate_manifest(path))
+        _typed(lambda: load_manifest(path))
     fuzz_cases["manifests (triage CLI + isolate loader)"] += 1
 
 
@@ -314,9 +314,9 @@ def test_server_answers_fail_in_one_line(
 
 
 def _load_isolate(path: Path) -> object:
-    from speedtrap.isolate import load_isolate_manifest
+    from speedtrap.manifest import load_manifest
 
-    return load_isolate_manifest(path)
+    return load_manifest(path)
 
 
 def _load_triage(path: Path) -> object:

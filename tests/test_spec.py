@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate import ThresholdRule, build_manifest, parse_manifest, rule_from_spec
+from speedtrap.isolate import ThresholdRule, build_manifest, rule_from_spec
+from speedtrap.manifest import parse_manifest
 from speedtrap.probe import KLStats
 from speedtrap.regress import GateResult, judge_divergence
 from speedtrap.spec import (

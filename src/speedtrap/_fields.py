@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,22 @@ def table(data: Mapping[str, Any], key: str, required: bool = False) -> Mapping[
     return value
 
 
-def no_unknown(table: Mapping[str, Any], known: set[str], prefix: str, where: str) -> None:
+def nearest(word: str, known: Iterable[str]) -> str | None:
+    """The known name closest to a misspelt ``word`` (difflib's ratio at least 0.6), or None."""
+    close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def no_unknown(table: Mapping[str, Any], known: Iterable[str], prefix: str, where: str) -> None:
+    """Every key of ``table`` is known; an unknown one is an error that names it and the nearest known key."""
+    names = set(known)
     for key in table:
-        if key not in known:
-            raise ManifestError(f"{prefix}{key} is not a known field of {where}", f"use: {', '.join(sorted(known))}")
+        if key not in names:
+            guess = nearest(str(key), names)
+            hint = f" (did you mean {prefix}{guess}?)" if guess else ""
+            raise ManifestError(
+                f"{prefix}{key} is not a known field of {where}{hint}", f"use: {', '.join(sorted(names))}"
+            )
 
 
 def str_table(value: Any, where: str) -> tuple[tuple[str, str], ...]:

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from speedtrap._errors import ManifestError
 from speedtrap.cli import app
-from speedtrap.isolate import IsolateResult, PatchRelation, Status, isolate, load_isolate_manifest
+from speedtrap.isolate import IsolateResult, PatchRelation, Status, isolate
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import Worktrees
 
 BOUND = 0.5
@@ -104,7 +105,7 @@ def brute_force(stack: CommitStack, scratch: Path) -> tuple[dict[frozenset[str],
 
 def test_search_names_the_culprit_commit_and_equals_brute_force(stack: CommitStack, tmp_path: Path) -> None:
     env_patch = {"name": "fast_env", "env": {"STACK_FAST": "1"}}
-    manifest = load_isolate_manifest(write_manifest(tmp_path / "speedtrap.toml", stack, [env_patch]))
+    manifest = load_manifest(write_manifest(tmp_path / "speedtrap.toml", stack, [env_patch]))
     assert manifest.patch("route_scale").commits == (stack.commits["route_scale"],)
     assert manifest.patch("route_scale").summary == stack.subjects["route_scale"]
     head_before = git(stack.repo, "rev-parse", "HEAD")
@@ -142,7 +143,7 @@ def test_search_names_the_culprit_commit_and_equals_brute_force(stack: CommitSta
 
 
 def test_applying_matches_git_cherry_pick_for_every_subset(stack: CommitStack, tmp_path: Path) -> None:
-    manifest = load_isolate_manifest(write_manifest(tmp_path / "speedtrap.toml", stack))
+    manifest = load_manifest(write_manifest(tmp_path / "speedtrap.toml", stack))
     verdicts, _ = brute_force(stack, tmp_path)
     trees = Worktrees(manifest.target, manifest.patches, tmp_path / "wt")
     try:
@@ -197,7 +198,7 @@ def test_commit_not_an_ancestor_of_head(stack: CommitStack, tmp_path: Path) -> N
     git(stack.repo, "checkout", "-q", "main")
     path = write_manifest(tmp_path / "m.toml", stack, [{"name": "side", "commit": side}])
     with pytest.raises(ManifestError, match="not an ancestor of HEAD"):
-        load_isolate_manifest(path)
+        load_manifest(path)
     code, out = _bisect(path, tmp_path)
     assert code == 2 and "not an ancestor of HEAD" in out and len(out.strip().splitlines()) == 1
 
@@ -206,11 +207,11 @@ def test_commit_before_base_and_commit_without_repo(stack: CommitStack, tmp_path
     path = write_manifest(tmp_path / "m.toml", stack)
     path.write_text(path.read_text().replace(f'base = "{stack.base}"', f'base = "{stack.commits["route_scale"]}"'))
     with pytest.raises(ManifestError, match=r"is not after target\.base"):
-        load_isolate_manifest(path)
+        load_manifest(path)
     path = write_manifest(tmp_path / "m.toml", stack)
     path.write_text(path.read_text().replace(f'repo = "{stack.repo}"\n', "").replace(f'base = "{stack.base}"\n', ""))
     with pytest.raises(ManifestError, match="names no repository"):
-        load_isolate_manifest(path)
+        load_manifest(path)
 
 
 # -- init and triage ----------------------------------------------------------------------------
@@ -229,9 +230,9 @@ def test_init_writes_a_manifest_triage_reads(stack: CommitStack, tmp_path: Path)
     assert "launch = []" in text and "# triage: tier" in text
     # The launch line is the user's to fill: until then, isolate says so in one line.
     with pytest.raises(ManifestError, match=r"target\.launch is empty"):
-        load_isolate_manifest(out)
+        load_manifest(out)
     # Triage reads the same manifest: each commit's diff, from the repository.
-    patch_set = from_manifest(out, None)
+    patch_set = from_manifest(load_manifest(out), None)
     try:
         report = triage(patch_set)
     finally:
@@ -261,7 +262,7 @@ def test_init_writes_a_manifest_triage_reads(stack: CommitStack, tmp_path: Path)
 def test_git_env_does_not_leak_into_user_repo(stack: CommitStack, tmp_path: Path) -> None:
     """Applying subsets writes objects to the private repository only: the user's object count is unchanged."""
     before = git(stack.repo, "count-objects", "-v")
-    manifest = load_isolate_manifest(write_manifest(tmp_path / "m.toml", stack))
+    manifest = load_manifest(write_manifest(tmp_path / "m.toml", stack))
     trees = Worktrees(manifest.target, manifest.patches, tmp_path / "wt")
     try:
         trees.path(["route_scale"])

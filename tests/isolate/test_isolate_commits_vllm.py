@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from commit_stack import commit_edit, git, toml_text
 
-from speedtrap.isolate import PatchRelation, Status, isolate, load_isolate_manifest
+from speedtrap.isolate import PatchRelation, Status, isolate
+from speedtrap.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("SPEEDTRAP_VLLM_VENV", ROOT / ".vllm-venv"))
@@ -126,7 +127,7 @@ def test_vllm_commit_patches_name_the_culprit_commit(tmp_path: Path, monkeypatch
             [{"name": name, "commit": sha} for name, sha in commits.items()],
         )
     )
-    result = isolate(load_isolate_manifest(manifest_path), tmp_path / "run")
+    result = isolate(load_manifest(manifest_path), tmp_path / "run")
     print(result.summary())
     for trial in result.trials:
         print(trial.config, trial.figures, f"{trial.launch_s:.0f} s launch")

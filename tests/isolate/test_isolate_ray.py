@@ -18,18 +18,8 @@ from typing import Any
 
 import pytest
 
-from speedtrap.isolate import (
-    Conclusion,
-    FunctionOracle,
-    IsolateManifest,
-    RayExecutor,
-    Status,
-    TrialResources,
-    TrialStore,
-    VerdictSpec,
-    isolate,
-    load_isolate_manifest,
-)
+from speedtrap.isolate import Conclusion, FunctionOracle, RayExecutor, Status, TrialResources, TrialStore, isolate
+from speedtrap.manifest import Manifest, VerdictSpec, load_manifest
 from speedtrap.stack import TargetSpec
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install 'speedtrap[ray]'`")
@@ -58,9 +48,12 @@ def broken(config: frozenset[str]) -> bool:
     return "p2" in config or {"p4", "p5"} <= config
 
 
-def simulated_manifest() -> IsolateManifest:
-    return IsolateManifest(
-        None, TargetSpec(name="simulated"), (), verdict=VerdictSpec(metric="metric", bound=0.5, near=0.0, repeats=0)
+def simulated_manifest() -> Manifest:
+    return Manifest(
+        None,
+        TargetSpec(name="simulated"),
+        (),
+        verdict_spec=VerdictSpec(metric="metric", bound=0.5, near=0.0, repeats=0),
     )
 
 
@@ -82,7 +75,7 @@ def run_simulated(fn: Callable[[tuple[str, ...], int], dict[str, float]], run_di
 def test_a_manifest_on_two_ray_workers_gives_the_local_verdict(
     cluster: Any, tiny_manifest: Callable[..., Path], tmp_path: Path
 ) -> None:
-    manifest = load_isolate_manifest(tiny_manifest(PATCHES, FAILS))
+    manifest = load_manifest(tiny_manifest(PATCHES, FAILS))
     local = isolate(manifest, tmp_path / "local")
     with RayExecutor(resources=TrialResources(num_cpus=1)) as executor:
         assert executor.capacity == 2  # two one-CPU nodes, one CPU a trial
@@ -209,7 +202,8 @@ def test_smol_moe_in_process_on_two_ray_workers_gives_the_local_verdict(
     cluster: Any, smol: Any, tmp_path: Path
 ) -> None:
     """Each worker loads its own smol-moe (from the converted-weights cache) and runs trials on it."""
-    from speedtrap.isolate import ProbeSpec, manifest_for_target
+    from speedtrap.isolate import manifest_for_target
+    from speedtrap.manifest import ProbeSpec
     from speedtrap.targets.smolmoe import SmolMoETarget
 
     eight = [i.name for i in SmolMoETarget().patch_infos()]

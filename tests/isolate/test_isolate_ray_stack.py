@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from test_isolate_roles import PATCHES, pd_roles, write_stack
 
-from speedtrap.isolate import RayExecutor, Status, TrialResources, isolate, load_isolate_manifest
+from speedtrap.isolate import RayExecutor, Status, TrialResources, isolate
+from speedtrap.manifest import load_manifest
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install 'speedtrap[ray]'`")
 
@@ -39,7 +40,7 @@ def test_two_stack_trials_at_once_each_whole_on_one_node_give_the_local_verdict(
     lineage = tmp_path / "lineage.txt"
     env = {"TINY_EVENTS": str(tmp_path / "events.txt"), "TINY_LINEAGE": str(lineage), "TINY_GROUP": "{router.port}"}
     roles = pd_roles(router={"TINY_PROBE_DELAY": "1"})  # trials long enough to overlap
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES, {"env": env}))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES, {"env": env}))
     local = isolate(manifest, tmp_path / "local")
     assert local.status is Status.FOUND and local.culprit_names == [("p1@prefill",)]
     lineage.unlink()

@@ -16,7 +16,8 @@ import pytest
 
 from _watch import ServerWatcher, argv_has
 from speedtrap._errors import ManifestError, UsageError
-from speedtrap.isolate import ProbeSpec, ServerOracle, Status, isolate, load_isolate_manifest
+from speedtrap.isolate import ServerOracle, Status, isolate
+from speedtrap.manifest import ProbeSpec, load_manifest
 from speedtrap.probe import DivergenceSettings, Identity
 from speedtrap.probe._recording_format import FORMAT, VERSION, Block, Names, RecordingWriter, SequenceRecord
 from speedtrap.stack import TargetSpec
@@ -56,12 +57,12 @@ bound = 0.1
 
 
 def test_the_manifest_names_the_reference(tmp_path: Path) -> None:
-    assert load_isolate_manifest(_manifest(tmp_path, 'kind = "divergence"')).probe.reference == "recorded"
-    assert load_isolate_manifest(_manifest(tmp_path, 'reference = "live"')).probe.reference == "live"
-    spec = load_isolate_manifest(_manifest(tmp_path, 'reference = "recs/base.strec"')).probe
+    assert load_manifest(_manifest(tmp_path, 'kind = "divergence"')).probe.reference == "recorded"
+    assert load_manifest(_manifest(tmp_path, 'reference = "live"')).probe.reference == "live"
+    spec = load_manifest(_manifest(tmp_path, 'reference = "recs/base.strec"')).probe
     assert spec.reference_file == tmp_path / "recs" / "base.strec"
     with pytest.raises(ManifestError, match="reference"):
-        load_isolate_manifest(_manifest(tmp_path, 'kind = "recall"\nreference = "base.strec"'))
+        load_manifest(_manifest(tmp_path, 'kind = "recall"\nreference = "base.strec"'))
 
 
 def test_a_recording_that_does_not_fit_the_probe_is_a_manifest_error(tmp_path: Path) -> None:
@@ -131,8 +132,8 @@ prior = ["hash_topk_routed_scaling"]
 @pytest.mark.slow
 def test_recorded_mode_runs_one_server_at_a_time_with_the_side_by_side_verdict(tmp_path: Path) -> None:
     tag = f"st-rec-{uuid.uuid4().hex[:8]}"
-    recorded_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, None))
-    live_manifest = load_isolate_manifest(_serve_manifest(tmp_path, tag, "live"))
+    recorded_manifest = load_manifest(_serve_manifest(tmp_path, tag, None))
+    live_manifest = load_manifest(_serve_manifest(tmp_path, tag, "live"))
     with ServerWatcher(argv_has(tag.encode(), b"serve")) as watch:
         recorded = isolate(recorded_manifest, tmp_path / "recorded")
     assert watch.seen, "the watcher saw no server of the stack"
@@ -167,18 +168,18 @@ def test_a_floor_stored_with_the_reference_recording_sets_the_bound(tmp_path: Pa
     no_bound = _manifest(tmp_path, 'reference = "base.strec"').read_text().replace("bound = 0.1", "")
     (tmp_path / "derived.toml").write_text(no_bound)
     with pytest.raises(ManifestError, match="record --floor"):
-        load_isolate_manifest(tmp_path / "derived.toml")
+        load_manifest(tmp_path / "derived.toml")
     with pytest.raises(UsageError, match="holds no noise floor"):
         load_floor(rec)
     add_extension(rec, "floor", _floor_json(0.3))
-    verdict = load_isolate_manifest(tmp_path / "derived.toml").verdict
+    verdict = load_manifest(tmp_path / "derived.toml").verdict
     assert verdict.bound == pytest.approx(0.6)  # 0.3 + max(0.1, 0.3)
     assert "noise floor of http://gpu-server:8000" in verdict.origin and "base.strec" in verdict.origin
     assert load_floor(rec).overall.kl_p99 == pytest.approx(0.3)
-    assert load_isolate_manifest(_manifest(tmp_path, 'reference = "base.strec"')).verdict.bound == 0.1
+    assert load_manifest(_manifest(tmp_path, 'reference = "base.strec"')).verdict.bound == 0.1
     (tmp_path / "live.toml").write_text(no_bound.replace('"base.strec"', '"live"'))
     with pytest.raises(ManifestError, match=r"verdict\.bound is missing"):
-        load_isolate_manifest(tmp_path / "live.toml")
+        load_manifest(tmp_path / "live.toml")
 
 
 def test_an_invalid_stored_floor_is_one_line_on_load(tmp_path: Path) -> None:

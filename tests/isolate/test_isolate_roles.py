@@ -26,8 +26,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from speedtrap._errors import ManifestError, ServerError
-from speedtrap.isolate import Status, isolate, load_isolate_manifest
+from speedtrap.isolate import Status, isolate
 from speedtrap.isolate._oracle import ServerOracle
+from speedtrap.manifest import load_manifest
 from speedtrap.stack._roles import _placeholders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +126,7 @@ def _refuses(port: int) -> bool:
 
 
 def test_roles_split_and_defaults_in_the_manifest(tmp_path: Path) -> None:
-    manifest = load_isolate_manifest(write_stack(tmp_path, pd_roles(), PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, pd_roles(), PATCHES))
     stack = manifest.target.stack
     assert stack is not None and stack.entry.name == "router"
     assert stack.model_roles == ("prefill", "decode")
@@ -141,7 +142,7 @@ def test_roles_split_and_defaults_in_the_manifest(tmp_path: Path) -> None:
 
 
 def test_a_single_launch_target_is_still_a_stack_of_one(tiny_manifest: Any) -> None:
-    manifest = load_isolate_manifest(tiny_manifest(["p0"], []))
+    manifest = load_manifest(tiny_manifest(["p0"], []))
     assert manifest.target.stack is None and manifest.target.launch
 
 
@@ -165,12 +166,12 @@ def test_bad_stacks_are_one_line_errors(tmp_path: Path, change: Any, says: str) 
     target: dict[str, Any] = {"agree": ["--kv-dtype", "PAGE"]}
     change(roles, patches, target)
     with pytest.raises(ManifestError, match=says):
-        load_isolate_manifest(write_stack(tmp_path, roles, patches, target))
+        load_manifest(write_stack(tmp_path, roles, patches, target))
 
 
 def test_a_setting_that_must_agree_may_be_switched_on_every_model_role(tmp_path: Path) -> None:
     patches = [*PATCHES, {"name": "kv", "args": ["--kv-dtype", "fp8"]}]
-    manifest = load_isolate_manifest(write_stack(tmp_path, pd_roles(), patches, {"agree": ["--kv-dtype"]}))
+    manifest = load_manifest(write_stack(tmp_path, pd_roles(), patches, {"agree": ["--kv-dtype"]}))
     assert manifest.patch("kv").roles == ()
 
 
@@ -186,7 +187,7 @@ def test_placeholders_are_read_from_any_text(text: str) -> None:
 
 @contextlib.contextmanager
 def started(manifest_path: Path, config: tuple[str, ...], tmp_path: Path) -> Iterator[Any]:
-    manifest = load_isolate_manifest(manifest_path)
+    manifest = load_manifest(manifest_path)
     oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
     stack, _ = oracle.start_stack(config, tmp_path / "trials" / "t.log")
     try:
@@ -237,7 +238,7 @@ def test_a_role_that_exits_at_start_is_an_error_naming_it(tmp_path: Path) -> Non
 
 def test_a_role_dying_mid_trial_fails_the_trial_naming_it(tmp_path: Path) -> None:
     roles = pd_roles(decode={"TINY_DIE_AFTER": "1.5"}, router={"TINY_PROBE_DELAY": "3"})
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES))
     result = isolate(manifest, tmp_path / "run")
     assert result.status is Status.ERROR
     errors = [t.error for t in result.trials if t.error]
@@ -306,7 +307,7 @@ def test_inspect_of_the_manifest_finds_every_role_and_its_processes(tmp_path: Pa
 
 
 def test_bisect_names_the_prefill_half_and_agrees_with_brute_force(tmp_path: Path) -> None:
-    manifest = load_isolate_manifest(write_stack(tmp_path, pd_roles(), PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, pd_roles(), PATCHES))
     names = [p.name for p in manifest.patches]
     oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
     brute: dict[tuple[str, ...], bool] = {}

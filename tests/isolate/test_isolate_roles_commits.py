@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_isolate_roles import _environ, _server_pid, pd_roles, started, write_stack
 
-from speedtrap.isolate import load_isolate_manifest
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import Launcher
 
 
@@ -50,7 +50,7 @@ def test_a_split_commit_runs_in_its_role_only(tmp_path: Path, repo: tuple[Path, 
     patches = [{"name": "fuse", "commit": sha, "split": True}]
     target = {"repo": str(root), "base": base, "env": {"TINY_EVENTS": str(tmp_path / "events.txt"), "PYTHONPATH": "/x"}}
     path = write_stack(tmp_path, pd_roles(), patches, target)
-    manifest = load_isolate_manifest(path)
+    manifest = load_manifest(path)
     assert [p.name for p in manifest.patches] == ["fuse@prefill", "fuse@decode"]
     launcher = Launcher(manifest.target, manifest.patches)
     assert launcher.roles_of(("fuse@prefill",)) == ("prefill",)

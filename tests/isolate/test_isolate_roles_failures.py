@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap.cli import app
-from speedtrap.isolate import Status, isolate, load_isolate_manifest
+from speedtrap.isolate import Status, isolate
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import CommandNotFound
 
 
@@ -70,7 +71,7 @@ def test_a_hang_mid_trial_is_an_error_naming_the_stalled_role(tmp_path: Path) ->
     path = write_stack(tmp_path, roles, PATCHES)
     text = path.read_text().replace("timeout = 60", "timeout = 4")  # the probe command's limit
     path.write_text(text)
-    result = isolate(load_isolate_manifest(path), tmp_path / "run")
+    result = isolate(load_manifest(path), tmp_path / "run")
     assert result.status is Status.ERROR
     errors = [t.error or "" for t in result.trials if t.error]
     assert errors and all("role 'decode'" in e and "stalled" in e for e in errors), errors
@@ -82,7 +83,7 @@ def test_a_hang_mid_trial_is_an_error_naming_the_stalled_role(tmp_path: Path) ->
 
 def test_an_engine_that_dies_mid_trial_behind_a_live_server_is_named_with_its_log(tmp_path: Path) -> None:
     roles = pd_roles(decode={"TINY_BREAK_AFTER": "1.5"}, router={"TINY_PROBE_DELAY": "3"})
-    result = isolate(load_isolate_manifest(write_stack(tmp_path, roles, PATCHES)), tmp_path / "run")
+    result = isolate(load_manifest(write_stack(tmp_path, roles, PATCHES)), tmp_path / "run")
     assert result.status is Status.ERROR
     errors = [t.error or "" for t in result.trials if t.error]
     assert errors and all("role 'decode'" in e and "HTTP 503" in e and "EngineDeadError" in e for e in errors)
@@ -93,7 +94,7 @@ def test_an_engine_that_dies_mid_trial_behind_a_live_server_is_named_with_its_lo
 def test_a_one_sided_setting_is_a_conflict_in_any_spelling(tmp_path: Path, spelling: list[str]) -> None:
     patches = [*PATCHES, {"name": "kv", "args": spelling, "roles": ["decode"]}]
     with pytest.raises(ManifestError, match="conflict"):
-        load_isolate_manifest(write_stack(tmp_path, pd_roles(), patches, {"agree": ["--kv-cache-dtype"]}))
+        load_manifest(write_stack(tmp_path, pd_roles(), patches, {"agree": ["--kv-cache-dtype"]}))
 
 
 def test_a_launch_whose_roles_disagree_in_another_spelling_is_refused_and_leaves_nothing(tmp_path: Path) -> None:

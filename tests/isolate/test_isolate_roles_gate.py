@@ -19,7 +19,8 @@ import pytest
 from _toml_text import toml_text
 
 from _watch import ServerWatcher, argv_has, marked
-from speedtrap.isolate import ServerOracle, load_isolate_manifest
+from speedtrap.isolate import ServerOracle
+from speedtrap.manifest import load_manifest
 from speedtrap.probe import DivergenceSettings, HttpBackend, record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ def test_check_launches_the_stack_itself_stops_it_and_hunts_with_the_failed_boun
     # The baseline, recorded through the stack's entry (one launch, stopped).
     with_bound = path.with_name("recording.toml")
     with_bound.write_text(text + '\n[verdict]\nmetric = "worst.kl_p99"\nbound = 0.1\n')
-    loaded = load_isolate_manifest(with_bound)
+    loaded = load_manifest(with_bound)
     oracle = ServerOracle(loaded.target, loaded.patches, loaded.probe)
     with Watcher() as watcher:
         stack, _ = oracle.start((), tmp_path / "baseline" / "b.log")
@@ -99,7 +100,7 @@ def test_check_launches_the_named_build_judges_it_through_the_entry_and_stops_it
     path = serve_stack(tmp_path)
     with_bound = path.with_name("recording.toml")  # the loader wants a rule; check's is the failed bound
     with_bound.write_text(path.read_text() + '\n[verdict]\nmetric = "worst.kl_p99"\nbound = 0.1\n')
-    loaded = load_isolate_manifest(with_bound)
+    loaded = load_manifest(with_bound)
     oracle = ServerOracle(loaded.target, loaded.patches, loaded.probe)
     with Watcher() as watcher:
         stack, _ = oracle.start((), tmp_path / "baseline" / "b.log")

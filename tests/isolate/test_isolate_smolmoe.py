@@ -21,15 +21,13 @@ from speedtrap.isolate import (
     InteractionKind,
     Measurement,
     Outcome,
-    ProbeSpec,
     Status,
     ThresholdRule,
     TrialRequest,
-    VerdictSpec,
     isolate,
-    load_isolate_manifest,
     manifest_for_target,
 )
+from speedtrap.manifest import ProbeSpec, VerdictSpec, load_manifest
 from speedtrap.stack import TargetSpec
 from speedtrap.targets._base import InProcessModel
 from speedtrap.targets.smolmoe import SmolMoETarget
@@ -184,7 +182,7 @@ repeats = 0
 def test_the_same_search_through_speedtrap_serve_relaunched_per_configuration(
     smol: InProcessModel, oracle: MemoOracle, tmp_path: Path
 ) -> None:
-    manifest = load_isolate_manifest(_serve_manifest(tmp_path))
+    manifest = load_manifest(_serve_manifest(tmp_path))
     assert [p.name for p in manifest.patches] == EIGHT
     served = isolate(manifest, tmp_path / "serve-run")
     in_process = _in_process(smol, oracle, EIGHT, LOOSE, tmp_path / "in-process-run")
@@ -235,7 +233,7 @@ repeats = 1
 """
     path = tmp_path / "llama.toml"
     path.write_text(text)
-    result = isolate(load_isolate_manifest(path), tmp_path / "run")
+    result = isolate(load_manifest(path), tmp_path / "run")
     assert result.not_searched == {"q4_0_kv_cache": "conflicts with q8_0_kv_cache, which is searched instead"}
     full = next(j for j in result.judgements if set(j.config) == {"flash_attn", "q8_0_kv_cache"})
     value = full.figures["worst.kl_p99"]

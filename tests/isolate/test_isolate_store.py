@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from speedtrap._errors import StoreError
-from speedtrap.isolate import Outcome, Status, Trial, TrialStore, isolate, load_isolate_manifest, trial_key
+from speedtrap.isolate import Outcome, Status, Trial, TrialStore, isolate, trial_key
+from speedtrap.manifest import load_manifest
 
 # The stack's truth: c alone breaks it; a breaks it only without b (correct only together).
 PATCHES = ["a", "b", "c", "d", "e", "f"]
@@ -67,7 +68,7 @@ def test_relaunching_per_configuration_finds_the_culprit_and_the_pair(
 ) -> None:
     manifest = tiny_manifest(PATCHES, FAILS, flags=["d", "e"])  # some patches by env var, some by flag
     run_dir = tmp_path / "run"
-    result = isolate(load_isolate_manifest(manifest), run_dir)
+    result = isolate(load_manifest(manifest), run_dir)
     assert result.status is Status.FOUND and result.culprit_names == [("c",)]
     kinds = {(i.kind.value, i.patches) for i in result.interactions}
     assert kinds <= {("cancel", ("a", "b")), ("masked", ("a", "b"))}
@@ -77,7 +78,7 @@ def test_relaunching_per_configuration_finds_the_culprit_and_the_pair(
     # The server saw exactly the configuration each trial asked for (env vars and flags alike).
     assert sorted(launched) == sorted(",".join(t.config) for t in result.trials)
     # A second run in the same directory reuses every trial and launches nothing.
-    again = isolate(load_isolate_manifest(manifest), run_dir)
+    again = isolate(load_manifest(manifest), run_dir)
     assert again.launches == 0 and again.reused == len(result.trials)
     assert again.culprit_names == result.culprit_names and len(launch_log()) == len(launched)
 
@@ -88,7 +89,7 @@ def test_a_server_killed_mid_trial_is_retried_and_its_log_kept(
     marker = tmp_path / "kill-once"
     marker.write_text("")
     manifest = tiny_manifest(PATCHES, FAILS, probe_args=[str(marker)])
-    result = isolate(load_isolate_manifest(manifest), tmp_path / "run")
+    result = isolate(load_manifest(manifest), tmp_path / "run")
     assert not marker.exists()  # the test's probe did kill -9 the first server
     first = result.trials[0]
     assert first.config == () and first.status == "ok" and first.attempts == 2
@@ -100,7 +101,7 @@ def test_a_configuration_whose_server_always_dies_is_marked_failed_with_its_log(
     tiny_manifest: Callable[..., Path], tmp_path: Path
 ) -> None:
     manifest = tiny_manifest(PATCHES, [{"all": ["c"]}], env={"TINY_DIE_ON": "e"}, target={"retries": 1})
-    result = isolate(load_isolate_manifest(manifest), tmp_path / "run")
+    result = isolate(load_manifest(manifest), tmp_path / "run")
     failed = [t for t in result.trials if t.status == "failed"]
     assert failed and all("e" in t.config and t.attempts == 2 for t in failed)
     assert all(t.log_path and Path(t.log_path).exists() and "signal 9" in str(t.error) for t in failed), [
@@ -174,7 +175,7 @@ def test_a_run_killed_midway_resumes_with_the_same_verdict_and_reruns_no_finishe
     assert len(relaunched) <= 1
     assert all((tuple(cfg.split(",")) if cfg else ()) not in finished_before for cfg in relaunched)
     # The verdict equals an uninterrupted run's.
-    fresh = isolate(load_isolate_manifest(manifest), tmp_path / "fresh")
+    fresh = isolate(load_manifest(manifest), tmp_path / "fresh")
     assert [list(c) for c in fresh.culprit_names] == [c["patches"] for c in result["culprits"]]
     assert [i.to_json() for i in fresh.interactions] == result["interactions"]
 
@@ -182,9 +183,9 @@ def test_a_run_killed_midway_resumes_with_the_same_verdict_and_reruns_no_finishe
 def test_several_servers_at_once_give_the_same_verdict(tiny_manifest: Callable[..., Path], tmp_path: Path) -> None:
     patches = [f"p{i}" for i in range(8)]
     fails = [{"all": ["p2"]}, {"all": ["p6"]}]
-    serial = isolate(load_isolate_manifest(tiny_manifest(patches, fails, name="one.toml")), tmp_path / "one")
+    serial = isolate(load_manifest(tiny_manifest(patches, fails, name="one.toml")), tmp_path / "one")
     parallel_manifest = tiny_manifest(patches, fails, extra={"search": {"parallel": 3}}, name="three.toml")
-    parallel = isolate(load_isolate_manifest(parallel_manifest), tmp_path / "three")
+    parallel = isolate(load_manifest(parallel_manifest), tmp_path / "three")
     assert serial.culprit_names == parallel.culprit_names == [("p2",), ("p6",)]
     # Three servers at a time: the bisection tests three split points per round (more launches, fewer rounds).
     assert parallel.launches >= serial.launches

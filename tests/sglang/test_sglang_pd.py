@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from speedtrap._errors import ServerError
 from speedtrap.cli import app
-from speedtrap.stack import Launcher, load_stack_manifest
+from speedtrap.manifest import load_manifest
+from speedtrap.stack import Launcher
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,8 @@ def test_the_pd_router_answers_as_one_server_and_a_decode_without_kv_is_caught(
         url = f"http://127.0.0.1:{server.port}"
         expected = [pd.run_router_request(url, ids, TOKENS)["output_ids"] for ids in PROMPTS]
     manifest = _manifest(tmp_path / "pd", model)
-    target, patches = load_stack_manifest(manifest)
+    loaded = load_manifest(manifest)
+    target, patches = loaded.target, loaded.patches
     t1 = time.monotonic()
     stack_, launch_s = Launcher(target, patches).start((), tmp_path / "pd" / "t.log")
     with stack_:
@@ -78,7 +80,8 @@ def test_the_pd_router_answers_as_one_server_and_a_decode_without_kv_is_caught(
     decode_log = (tmp_path / "pd" / "t.decode.log").read_text(errors="replace")
     assert "MC_FORCE_TCP is set, using TCP transport only" in decode_log  # the KV went over Mooncake's TCP
 
-    target, patches = load_stack_manifest(_manifest(tmp_path / "fake", model, decode_transfer="fake"))
+    loaded = load_manifest(_manifest(tmp_path / "fake", model, decode_transfer="fake"))
+    target, patches = loaded.target, loaded.patches
     t3 = time.monotonic()
     with pytest.raises(ServerError) as caught:
         Launcher(target, patches).start((), tmp_path / "fake" / "t.log")
@@ -97,7 +100,8 @@ def test_a_prefill_without_its_cpu_switch_dies_on_the_first_request_named_with_i
     """Without ``SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER=1`` the prefill answers /health 200, then dies on its
     first real request (``pin_memory=True requires a CUDA ...``): speedtrap's first request names it."""
     _, model = stack
-    target, patches = load_stack_manifest(_manifest(tmp_path, model, cp_switch=False))
+    loaded = load_manifest(_manifest(tmp_path, model, cp_switch=False))
+    target, patches = loaded.target, loaded.patches
     t0 = time.monotonic()
     with pytest.raises(ServerError) as caught:
         Launcher(target, patches).start((), tmp_path / "t.log")

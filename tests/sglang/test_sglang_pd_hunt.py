@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 from _watch import ServerWatcher, argv_has, descends_from
 from speedtrap.cli import app
-from speedtrap.isolate import ServerOracle, TrialRequest, load_isolate_manifest
+from speedtrap.isolate import ServerOracle, TrialRequest
+from speedtrap.manifest import load_manifest
 
 pd_example = example_module()  # examples/sglang-pd/build_example.py
 
@@ -43,7 +44,7 @@ def _servers() -> ServerWatcher:
 def test_run_names_the_seeds_commit_with_its_role_as_brute_force_does(tmp_path: Path) -> None:
     t0 = time.monotonic()
     manifest_path = pd_example.build(tmp_path / "example")
-    manifest = load_isolate_manifest(manifest_path)
+    manifest = load_manifest(manifest_path)
     names = [p.name for p in manifest.patches]
     assert {f"{SEED}@prefill", f"{SEED}@decode"} <= set(names)
     print(f"built in {time.monotonic() - t0:.0f} s: {names}", flush=True)

@@ -25,7 +25,8 @@ import pytest
 from sglang_pd_stack import example_module
 
 from _watch import ServerWatcher, argv_has, descends_from
-from speedtrap.isolate import ServerOracle, load_isolate_manifest
+from speedtrap.isolate import ServerOracle
+from speedtrap.manifest import load_manifest
 from speedtrap.probe import DivergenceSettings, record
 
 pd_example = example_module()  # examples/sglang-pd/build_example.py
@@ -56,13 +57,13 @@ def _commit_skip(repo: Path) -> str:
 @pytest.mark.timeout(1800)
 def test_a_transfer_that_moves_nothing_is_caught_and_read_as_the_decode_side(tmp_path: Path) -> None:
     example = pd_example.build(tmp_path / "example")
-    manifest = load_isolate_manifest(example)
+    manifest = load_manifest(example)
     assert manifest.target.repo is not None and manifest.target.base is not None
     sha = _commit_skip(Path(manifest.target.repo))
     path = tmp_path / "speedtrap.toml"
     table = f'\n[[patches]]\nname = "{NAME}"\ncommit = "{sha}"\nroles = ["prefill"]\n'
     path.write_text(example.read_text() + table)
-    manifest = load_isolate_manifest(path)
+    manifest = load_manifest(path)
     settings = dataclasses.replace(DivergenceSettings.quick(), **manifest.probe.settings)
     with ServerWatcher(argv_has(b"sglang.launch_server"), descends_from(os.getpid())) as watcher:
         t0 = time.monotonic()

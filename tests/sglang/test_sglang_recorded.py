@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from speedtrap.isolate import ProbeSpec, ServerOracle, TrialRequest
+from speedtrap.isolate import ServerOracle, TrialRequest
+from speedtrap.manifest import ProbeSpec
 from speedtrap.probe import read_recording
 from speedtrap.stack import TargetSpec
 

@@ -605,7 +605,7 @@ def test_platform_is_parsed_once_with_the_key_in_the_error() -> None:
 
 
 def test_isolates_manifest_reader_checks_the_same_key(tmp_path: Path) -> None:
-    from speedtrap.isolate import parse_manifest
+    from speedtrap.manifest import parse_manifest
 
     def target(platform: object) -> dict[str, object]:
         return {

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from speedtrap._errors import UsageError
+from speedtrap.manifest import load_manifest
 from speedtrap.triage import from_diff_files, triage
 
 FILES = {
@@ -92,7 +93,7 @@ def test_a_manifests_model_folder_feeds_the_same_reachability(tree: Path, tmp_pa
         )
         return path
 
-    report = triage(from_manifest(manifest("weights/llama"), None))
+    report = triage(from_manifest(load_manifest(manifest("weights/llama")), None))
     by_name = {p.name: p for p in report.patches}
     assert [p.name for p in report.patches] == ["mine", "other"]
     assert by_name["other"].tier == 3
@@ -105,7 +106,7 @@ def test_a_manifests_model_folder_feeds_the_same_reachability(tree: Path, tmp_pa
     direct = triage(from_diff_files([tmp_path / "other.diff", tmp_path / "mine.diff"], tree), None, str(folder))
     assert [(p.name, p.tier) for p in direct.patches] == [(p.name, p.tier) for p in report.patches]
     # a GGUF model names no class: no reachability, both changes stay tier 2
-    assert {p.tier for p in triage(from_manifest(manifest("m.gguf"), None)).patches} == {2}
+    assert {p.tier for p in triage(from_manifest(load_manifest(manifest("m.gguf")), None)).patches} == {2}
 
 
 def test_a_manifests_model_without_a_tree_is_a_warning_not_an_error(tmp_path: Path) -> None:
@@ -120,5 +121,5 @@ def test_a_manifests_model_without_a_tree_is_a_warning_not_an_error(tmp_path: Pa
         '[target]\nlaunch = ["srv", "--port", "{port}"]\nmodel = "llama"\n\n'
         '[[patches]]\nname = "other"\ndiff = "other.diff"\ngate = "ungated"\n'
     )
-    report = triage(from_manifest(path, None))
+    report = triage(from_manifest(load_manifest(path), None))
     assert any("is not used for reachability: no source tree" in w for w in report.warnings)

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from speedtrap._errors import ManifestError, PatchError, UsageError
 from speedtrap.cli import app
-from speedtrap.triage import from_diff_files, from_git_range, from_manifest, load_manifest, render_plan, triage
+from speedtrap.manifest import load_manifest
+from speedtrap.triage import from_diff_files, from_git_range, from_manifest, render_plan, triage
 
 BASE = textwrap.dedent(
     """\
@@ -145,7 +146,7 @@ def test_manifest_with_diffs_env_args_and_ungated(tmp_path: Path) -> None:
         """
         )
     )
-    patch_set = from_manifest(manifest, None)
+    patch_set = from_manifest(load_manifest(manifest), None)
     assert patch_set.tree == tmp_path / "src"
     report = triage(patch_set)
     by = {p.name: p for p in report.patches}
@@ -162,7 +163,8 @@ def test_manifest_with_diffs_env_args_and_ungated(tmp_path: Path) -> None:
         ("[[patches]]\nname = 'a'\nargs = '--x'\n", r"patches\[0\].args must be a list"),
         ("[[patches]]\nname = 'a'\n[[patches]]\nname = 'a'\n", "is used twice"),
         ("[[patches]]\nname = 'a'\ngate = 'maybe'\n", "gate must be"),
-        ("name = 'x'\n", "has no \\[\\[patches\\]\\]"),
+        ("name = 'x'\n", "unknown table 'name'"),
+        ("tree = 'x'\n", "has no \\[target\\]"),
         ("[[patches]\n", "not valid TOML"),
     ],
 )
@@ -261,7 +263,7 @@ def test_a_manifest_whose_tree_links_compiled_files_by_absolute_path(repo: Path,
         f'[target]\nlaunch = ["x", "--port", "{{port}}"]\nrepo = "{repo}"\nbase = "{base}"\n\n'
         f'[[patches]]\nname = "factor"\ncommit = "{head}"\n'
     )
-    patch_set = from_manifest(manifest, None)
+    patch_set = from_manifest(load_manifest(manifest), None)
     try:
         assert patch_set.tree is not None and (patch_set.tree / "net.py").is_file()
         assert not (patch_set.tree / "ext.so").exists()

@@ -13,16 +13,8 @@ from pathlib import Path
 import pytest
 from vllm_stack import ROOT
 
-from speedtrap.isolate import (
-    Measurement,
-    Outcome,
-    ServerOracle,
-    Status,
-    ThresholdRule,
-    TrialRequest,
-    isolate,
-    load_isolate_manifest,
-)
+from speedtrap.isolate import Measurement, Outcome, ServerOracle, Status, ThresholdRule, TrialRequest, isolate
+from speedtrap.manifest import load_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]  # a whole hunt on a real vLLM: a benchmark, out of CI
 
@@ -64,7 +56,7 @@ class MemoOracle:
 def test_bisect_over_the_example_names_the_constructed_culprit_and_agrees_with_brute_force(
     stack: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    example = load_isolate_manifest(MANIFEST)
+    example = load_manifest(MANIFEST)
     manifest = dataclasses.replace(example, patches=tuple(p for p in example.patches if p.name in SEARCHED))
     names = [p.name for p in manifest.patches]
     assert sorted(names) == sorted(SEARCHED)

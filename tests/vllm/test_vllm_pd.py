@@ -22,7 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
-from speedtrap.isolate import ServerOracle, Status, TrialRequest, isolate, load_isolate_manifest
+from speedtrap.isolate import ServerOracle, Status, TrialRequest, isolate
+from speedtrap.manifest import load_manifest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_stack
@@ -49,7 +50,7 @@ def test_bisect_names_the_prefill_half_agrees_with_brute_force_one_stack_at_a_ti
     monkeypatch.setenv(MARKER, tmp_path.name + str(os.getpid()))
     vllm_stack.ensure_stack()  # the venv (minutes, once per machine), the plugin, the model
     assert ApiServers().count() == 0, "a vLLM server is already running: the watcher would count it"
-    manifest = load_isolate_manifest(EXAMPLE)
+    manifest = load_manifest(EXAMPLE)
     names = [p.name for p in manifest.patches]
     assert names == [CULPRIT, "prefill_mlp_scale@decode", "decode_chunked_256", "silu_native"]
     t0 = time.monotonic()
@@ -97,7 +98,7 @@ def _check_inspect(config: str, report: dict[str, Any], pids: dict[str, int]) ->
         assert procs[0]["env_readable"], procs[0]  # the leader shows its launch environment
         assert roles[role]["unreadable"], procs  # vLLM's retitled children do not
         assert roles[role]["gates_from"].startswith("the leader's environment")
-    patch = load_isolate_manifest(EXAMPLE).patch(config)
+    patch = load_manifest(EXAMPLE).patch(config)
     applies = patch.roles or ("prefill", "decode")
     expected = {role: [config] if role in applies else [] for role in ("prefill", "decode")}
     assert {role: roles[role]["patches_on"] for role in ("prefill", "decode")} == expected, roles

@@ -31,7 +31,8 @@ import pytest
 import vllm_stack
 from test_vllm_pd import CULPRIT, EXAMPLE, MARKER, ROOT, ApiServers
 
-from speedtrap.isolate import ServerOracle, TrialRequest, load_isolate_manifest
+from speedtrap.isolate import ServerOracle, TrialRequest
+from speedtrap.manifest import load_manifest
 from speedtrap.probe import DivergenceSettings, HttpBackend, record
 
 BOUND = 0.05  # the example's verdict bound (worst.kl_p99), here read on the decode phase too
@@ -69,7 +70,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Baseline]:
         mp.setenv(MARKER, folder.name + str(os.getpid()))
         vllm_stack.ensure_stack()  # the venv (minutes, once per machine), the plugin, the model
         assert ApiServers().count() == 0, "a vLLM server is already running: the watcher would count it"
-        manifest = load_isolate_manifest(EXAMPLE)
+        manifest = load_manifest(EXAMPLE)
         settings = dataclasses.replace(DivergenceSettings.quick(), **manifest.probe.settings)  # the example's probe
         oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
         t0 = time.monotonic()
@@ -98,7 +99,7 @@ def test_each_trial_gets_a_fresh_kv_folder_a_stale_one_hides_the_prefill_culprit
     # it, or a run resumed in the same folder): speedtrap must start the trial on an empty folder anyway.
     leftover = tmp_path / "trials" / "fresh.scratch" / "kv"
     shutil.copytree(baseline.stale_kv, leftover)
-    manifest = load_isolate_manifest(EXAMPLE)
+    manifest = load_manifest(EXAMPLE)
     probe = dataclasses.replace(manifest.probe, reference=str(baseline.recording))
     with ApiServers() as watcher:
         oracle = ServerOracle(manifest.target, manifest.patches, probe)
@@ -108,7 +109,7 @@ def test_each_trial_gets_a_fresh_kv_folder_a_stale_one_hides_the_prefill_culprit
         # The construction: the same trial with the KV folder a fixed path, holding the baseline's KV.
         stale_path = tmp_path / "stale.toml"
         stale_path.write_text(_manifest_text(kv_folder=baseline.stale_kv, verdict=True))
-        stale_manifest = load_isolate_manifest(stale_path)
+        stale_manifest = load_manifest(stale_path)
         assert stale_manifest.target.stack is not None and not stale_manifest.target.stack.scratch
         oracle = ServerOracle(stale_manifest.target, stale_manifest.patches, probe)
         oracle.prepare(None)

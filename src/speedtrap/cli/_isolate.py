@@ -117,8 +117,7 @@ def bisect_cmd(
     if localize:
         from speedtrap.cli._localize import localize_culprits
 
-        assert manifest is not None
-        localized = localize_culprits(manifest, [tuple(c) for c in result.culprit_names], directory / "localize")
+        localized = localize_culprits(spec, [tuple(c) for c in result.culprit_names], directory / "localize")
     if json:
         emit_json({"run_dir": str(directory), **result.to_json(), **({"localize": localized} if localize else {})})
     hint = inconclusive_hint(result, spec.verdict)

@@ -16,6 +16,7 @@ from speedtrap.targets import InProcessModel
 
 if TYPE_CHECKING:
     from speedtrap.localize import LayerDiffResult, ScaleCheckResult, StackLocalization
+    from speedtrap.manifest import Manifest
 
 diff_app = typer.Typer(
     help="Compare a patched configuration with the baseline, module by module.", no_args_is_help=True
@@ -224,12 +225,14 @@ def _live(
 ) -> StackLocalization:
     """The base and ``patches`` launched from ``manifest`` one at a time, captured inside the stack, compared."""
     from speedtrap.localize import DEFAULT_THRESHOLD, localize_manifest
+    from speedtrap.manifest import load_manifest
 
+    loaded = load_manifest(manifest)
     folder = run_dir or Path("speedtrap-runs") / "live-localize"
     names = parse_patch_list(patches)
     with err_console.status(f"launching the base, then {', '.join(names) or '?'}, one stack at a time (in {folder})"):
         [result] = localize_manifest(
-            manifest, [names], folder, tokens=tokens, decode=decode, param=param, values=values,
+            loaded, [names], folder, tokens=tokens, decode=decode, param=param, values=values,
             threshold=threshold or DEFAULT_THRESHOLD, baseline=parse_patch_list(baseline),
         )  # fmt: skip
     return result
@@ -244,7 +247,7 @@ def _floats(text: str | None) -> list[float] | None:
         raise UsageError(f"--values {text!r} is not a comma-separated list of numbers", "e.g. --values 1,2,4") from None
 
 
-def localize_culprits(manifest: Path, culprits: list[tuple[str, ...]], folder: Path) -> list[dict[str, object]]:
+def localize_culprits(manifest: Manifest, culprits: list[tuple[str, ...]], folder: Path) -> list[dict[str, object]]:
     """``--localize`` of bisect and check: each culprit set localized inside the stack; printed, and as JSON."""
     from speedtrap.localize import localize_manifest, scale_words
 

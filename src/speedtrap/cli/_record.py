@@ -38,6 +38,7 @@ from speedtrap.cli._probe_common import (
 from speedtrap.cli._repeat import store_floor
 
 if TYPE_CHECKING:
+    from speedtrap.manifest import Manifest
     from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
     from speedtrap.spec import Bound
 
@@ -256,6 +257,9 @@ def check_callback(
         )
     if probe not in PROBES:
         raise UsageError(f"unknown --probe {probe!r}", "choose divergence, recall or all")
+    from speedtrap.manifest import load_manifest
+
+    written = load_manifest(manifest) if manifest is not None else None  # read once, handed to every stage
     from speedtrap.probe import resolve_settings
     from speedtrap.regress import junit_xml
     from speedtrap.spec import Bound
@@ -272,9 +276,9 @@ def check_callback(
     if target is None:
         from speedtrap.regress import launch_build
 
-        assert manifest is not None
+        assert written is not None
         folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="speedtrap-check-"))
-        launched, cand, _ = launch_build(manifest, config, folder / "build", None if api == "openai" else api, model)
+        launched, cand, _ = launch_build(written, config, folder / "build", None if api == "openai" else api, model)
         target = f"http://127.0.0.1:{launched.port}"
     try:
         if launched is None:
@@ -296,14 +300,14 @@ def check_callback(
     hunt, hunt_error = None, None
     localized = None
     if not result.passed and bisect_on_fail:
-        assert manifest is not None
+        assert written is not None
         try:
-            hunt = _hunt(manifest, recording, result, run_dir, getattr(cand, "model", None))
+            hunt = _hunt(written, recording, result, run_dir, getattr(cand, "model", None))
             if localize:
                 from speedtrap.cli._localize import localize_culprits
 
                 folder = (run_dir or Path(tempfile.mkdtemp(prefix="speedtrap-check-"))) / "localize"
-                localized = localize_culprits(manifest, [tuple(c) for c in hunt.culprit_names], folder)
+                localized = localize_culprits(written, [tuple(c) for c in hunt.culprit_names], folder)
         except SpeedtrapError as exc:  # the regression stands (exit 1); the hunt's error is said beside it
             hunt_error = exc.one_line()
     if json:
@@ -336,7 +340,7 @@ def _gate(
     return GateResult(recording.path, target, checks, measured.notes, measured.to_json(), elapsed, reading)
 
 
-def _hunt(manifest: Path, recording: Recording, result: Any, run_dir: Path | None, model: Any) -> Any:
+def _hunt(manifest: Manifest, recording: Recording, result: Any, run_dir: Path | None, model: Any) -> Any:
     from speedtrap.regress import bisect_manifest
 
     err_console.print("regression: searching the culprit patches (--bisect-on-fail)", highlight=False)

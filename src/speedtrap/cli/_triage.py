@@ -66,6 +66,7 @@ def triage_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Rank patches from their diffs (tiers with reasons), trace a factor, write a diagnostic plan."""
+    from speedtrap.manifest import load_manifest
     from speedtrap.spec import Platform
     from speedtrap.triage import from_diff_files, from_git_range, from_manifest, from_target, render_plan, trace_symbol
     from speedtrap.triage import triage as run_triage
@@ -103,7 +104,7 @@ def triage_cmd(
             raise UsageError("--range needs --repo", "pass --repo with the path of the git checkout")
         patch_set = from_git_range(repo, range_, tree)
     elif manifest is not None:
-        patch_set = from_manifest(manifest, tree)
+        patch_set = from_manifest(load_manifest(manifest), tree)
     elif target is not None:
         with err_console.status(f"loading {target}'s patches"):
             patch_set = from_target(target, tree)
@@ -201,6 +202,7 @@ def inspect_cmd(
     json: JsonOpt = False,
 ) -> None:
     """Which patch gates are on in a running server (its argv and environment; secrets redacted)."""
+    from speedtrap.manifest import load_manifest
     from speedtrap.stack import inspect_process
     from speedtrap.triage import from_manifest, target_patch_inputs
 
@@ -212,7 +214,9 @@ def inspect_cmd(
         _inspect_stack(manifest, json)
         return
     patches = (
-        from_manifest(manifest, None).patches if manifest is not None else target_patch_inputs(target or "smol-moe")[0]
+        from_manifest(load_manifest(manifest), None).patches
+        if manifest is not None
+        else target_patch_inputs(target or "smol-moe")[0]
     )
     report = inspect_process(pid, patches, ssh)
     note = ""
@@ -255,9 +259,11 @@ def _print_launch(argv: list[str], variables: dict[str, str]) -> None:
 
 
 def _inspect_stack(manifest: Path, as_json: bool) -> None:
+    from speedtrap.manifest import load_manifest
     from speedtrap.stack import inspect_stack
 
-    report = inspect_stack(manifest)
+    loaded = load_manifest(manifest, resolve_commits=False)
+    report = inspect_stack(manifest, loaded.target, loaded.patches)
     if as_json:
         emit_json(report.to_json())
         return

@@ -2,8 +2,9 @@
 
 ::
 
-    from speedtrap.isolate import isolate, load_isolate_manifest
-    result = isolate(load_isolate_manifest(Path("speedtrap.toml")), Path("runs/x"))
+    from speedtrap.isolate import isolate
+    from speedtrap.manifest import load_manifest
+    result = isolate(load_manifest(Path("speedtrap.toml")), Path("runs/x"))
     print(result.summary())
 """
 
@@ -43,13 +44,6 @@ if TYPE_CHECKING:
         oracle_recipe,
         run_trial,
     )
-    from speedtrap.isolate._manifest import (
-        IsolateManifest,
-        ProbeSpec,
-        VerdictSpec,
-        load_isolate_manifest,
-        parse_manifest,
-    )
     from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle, report_figures
     from speedtrap.isolate._ray import RayExecutor, TrialResources
     from speedtrap.isolate._relations import Relations, minimal_transversals
@@ -70,7 +64,6 @@ __all__ = [
     "InProcessOracle",
     "Interaction",
     "InteractionKind",
-    "IsolateManifest",
     "IsolateResult",
     "Judgement",
     "LocalExecutor",
@@ -79,7 +72,6 @@ __all__ = [
     "OracleRecipe",
     "Outcome",
     "PatchRelation",
-    "ProbeSpec",
     "RayExecutor",
     "RecallDropRule",
     "Relations",
@@ -95,17 +87,14 @@ __all__ = [
     "TrialRequest",
     "TrialResources",
     "TrialStore",
-    "VerdictSpec",
     "build_manifest",
     "default_run_dir",
     "isolate",
     "load_in_process",
-    "load_isolate_manifest",
     "make_executor",
     "manifest_for_target",
     "minimal_transversals",
     "oracle_recipe",
-    "parse_manifest",
     "report_figures",
     "rule_from_spec",
     "run_trial",
@@ -123,12 +112,10 @@ _LAZY = {
     "Executor": "speedtrap.isolate._executor",
     "FunctionOracle": "speedtrap.isolate._oracle",
     "InProcessOracle": "speedtrap.isolate._oracle",
-    "IsolateManifest": "speedtrap.isolate._manifest",
     "LocalExecutor": "speedtrap.isolate._executor",
     "Measurement": "speedtrap.isolate._executor",
     "Oracle": "speedtrap.isolate._executor",
     "OracleRecipe": "speedtrap.isolate._executor",
-    "ProbeSpec": "speedtrap.isolate._manifest",
     "RayExecutor": "speedtrap.isolate._ray",
     "RecallDropRule": "speedtrap.isolate._rules",
     "Relations": "speedtrap.isolate._relations",
@@ -142,17 +129,14 @@ _LAZY = {
     "TrialRequest": "speedtrap.isolate._executor",
     "TrialResources": "speedtrap.isolate._ray",
     "TrialStore": "speedtrap.isolate._store",
-    "VerdictSpec": "speedtrap.isolate._manifest",
     "build_manifest": "speedtrap.isolate._defaults",
     "default_run_dir": "speedtrap.isolate._defaults",
     "isolate": "speedtrap.isolate._run",
     "load_in_process": "speedtrap.isolate._run",
-    "load_isolate_manifest": "speedtrap.isolate._manifest",
     "make_executor": "speedtrap.isolate._run",
     "manifest_for_target": "speedtrap.isolate._run",
     "minimal_transversals": "speedtrap.isolate._relations",
     "oracle_recipe": "speedtrap.isolate._executor",
-    "parse_manifest": "speedtrap.isolate._manifest",
     "report_figures": "speedtrap.isolate._oracle",
     "rule_from_spec": "speedtrap.isolate._rules",
     "run_trial": "speedtrap.isolate._executor",

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec, load_isolate_manifest
 from speedtrap.isolate._run import manifest_for_target
 from speedtrap.isolate._store import stable_hash
+from speedtrap.manifest import Manifest, ProbeSpec, VerdictSpec, load_manifest
 from speedtrap.probe import NoiseFloor
 from speedtrap.spec import DEFAULT_BOUND, DEFAULT_MARGIN, Bound
 from speedtrap.targets import parse_overrides
@@ -35,14 +35,14 @@ def build_manifest(
     prior: Sequence[str],
     floor: NoiseFloor | None = None,
     margin: float = DEFAULT_MARGIN,
-) -> IsolateManifest:
+) -> Manifest:
     """The manifest of a ``bisect`` command line (``--manifest FILE`` or ``--target NAME`` + options).
 
     The bound: ``--bound`` wins; else a noise floor (``--floor``) derives it (see NoiseFloor.bound);
     else the manifest's, or the default.
     """
     if manifest is not None:
-        spec = load_isolate_manifest(manifest)
+        spec = load_manifest(manifest)
     else:
         overrides = parse_overrides(sets)
         if probe not in (None, "divergence", "recall"):
@@ -63,7 +63,7 @@ def build_manifest(
         verdict = dataclasses.replace(verdict, repeats=repeats)
     if prior and manifest is not None:
         spec = dataclasses.replace(spec, prior=tuple(prior))
-    return dataclasses.replace(spec, verdict=verdict)
+    return dataclasses.replace(spec, verdict_spec=verdict, verdict_problem=None)
 
 
 def with_floor(verdict: VerdictSpec, floor: NoiseFloor, margin: float = DEFAULT_MARGIN) -> VerdictSpec:
@@ -77,7 +77,7 @@ def with_floor(verdict: VerdictSpec, floor: NoiseFloor, margin: float = DEFAULT_
     return dataclasses.replace(verdict, bound=derived.value, origin=derived.origin)
 
 
-def default_run_dir(spec: IsolateManifest) -> Path:
+def default_run_dir(spec: Manifest) -> Path:
     """``speedtrap-runs/bisect-<target>-<hash>``: the same target and probe find their earlier trials again."""
     name = spec.target.name or Path(spec.target.launch[0]).name
     # Not the verdict or the search order: trials are reused across them (their figures do not change).

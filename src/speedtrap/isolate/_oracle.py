@@ -27,8 +27,8 @@ import httpx
 from speedtrap._errors import ManifestError, ProbeError, ServerError, SpeedtrapError
 from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
-from speedtrap.isolate._manifest import ProbeSpec
 from speedtrap.isolate._results import Config
+from speedtrap.manifest import ProbeSpec
 from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, TargetSpec, render
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError, ServerError, UsageError
-from speedtrap.isolate._spec import ProbeSpec
+from speedtrap.manifest import ProbeSpec
 from speedtrap.stack import Server
 
 RECORDING_NAME = "reference.strec"

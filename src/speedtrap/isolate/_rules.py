@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Protocol
 
 from speedtrap._errors import ProbeError
 from speedtrap._stats import wilson
-from speedtrap.isolate._manifest import VerdictSpec
 from speedtrap.isolate._results import Outcome
+from speedtrap.manifest import VerdictSpec
 from speedtrap.spec import Bound
 
 Figures = Mapping[str, float]

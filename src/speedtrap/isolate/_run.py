@@ -12,13 +12,13 @@ from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
 from speedtrap.isolate._commit_relations import CommitRelations, declared_relations, describe_commit_patches, merged
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, ThreadExecutor
-from speedtrap.isolate._manifest import IsolateManifest, ProbeSpec, VerdictSpec
 from speedtrap.isolate._oracle import InProcessOracle, ServerOracle, load_target_model
 from speedtrap.isolate._relations import Relations
 from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
 from speedtrap.isolate._search import Search, SearchProgress
 from speedtrap.isolate._store import TrialStore
+from speedtrap.manifest import Manifest, ProbeSpec, VerdictSpec
 from speedtrap.progress import NoProgress, Progress
 from speedtrap.stack import PatchSpec, TargetSpec, check_relations
 
@@ -66,10 +66,10 @@ def manifest_for_target(
     probe: ProbeSpec | None = None,
     verdict: VerdictSpec | None = None,
     prior: Sequence[str] = (),
-) -> IsolateManifest:
+) -> Manifest:
     """The manifest ``speedtrap bisect --target NAME`` builds: an in-process target's patches by name."""
     specs = tuple(PatchSpec(p) for p in patches) if patches is not None else ()
-    return IsolateManifest(
+    return Manifest(
         None,
         TargetSpec(name=name, overrides=tuple(sorted((overrides or {}).items()))),
         specs,
@@ -79,17 +79,17 @@ def manifest_for_target(
     )
 
 
-def searched_names(manifest: IsolateManifest) -> tuple[str, ...]:
+def searched_names(manifest: Manifest) -> tuple[str, ...]:
     """The patch names the manifest lists (user ``module:function`` patches are loaded from these)."""
     return tuple(p.name for p in manifest.patches)
 
 
-def load_in_process(manifest: IsolateManifest) -> InProcessModel:
+def load_in_process(manifest: Manifest) -> InProcessModel:
     """Load the manifest's in-process target, the user patches it names in its catalogue."""
     return load_target_model(manifest.target, searched_names(manifest))
 
 
-def _in_process_patches(manifest: IsolateManifest, model: InProcessModel) -> tuple[PatchSpec, ...]:
+def _in_process_patches(manifest: Manifest, model: InProcessModel) -> tuple[PatchSpec, ...]:
     from speedtrap.targets import user_patches
 
     model.add_patches(user_patches(searched_names(manifest)))  # a model loaded by the caller gets them too
@@ -106,14 +106,14 @@ def _in_process_patches(manifest: IsolateManifest, model: InProcessModel) -> tup
     return manifest.patches
 
 
-def _base_infos(manifest: IsolateManifest) -> list[Any]:
+def _base_infos(manifest: Manifest) -> list[Any]:
     from speedtrap.targets import resolve_target
 
     return resolve_target(str(manifest.target.name)).patch_infos()
 
 
 def isolate(
-    manifest: IsolateManifest,
+    manifest: Manifest,
     run_dir: Path | None,
     resume: bool = False,
     model: InProcessModel | None = None,
@@ -138,7 +138,7 @@ def isolate(
 
 
 def _isolate(
-    manifest: IsolateManifest,
+    manifest: Manifest,
     run_dir: Path | None,
     resume: bool,
     model: InProcessModel | None,
@@ -251,7 +251,7 @@ def _isolate(
         commits.close()
 
 
-def make_executor(manifest: IsolateManifest, workers: int | None = None) -> Executor:
+def make_executor(manifest: Manifest, workers: int | None = None) -> Executor:
     """The executor the manifest asks for (``[search] executor``, ``parallel``, ``address``, ``resources``).
 
     ``workers`` overrides ``parallel``; for Ray, when neither is set, as many workers as the

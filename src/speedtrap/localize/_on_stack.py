@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import UsageError
 from speedtrap.localize._agentlink import AgentLink, Api, agent_env
@@ -35,6 +35,9 @@ from speedtrap.localize._live import Mechanism, capture_live, scale_live
 from speedtrap.localize._livediff import compare_captures
 from speedtrap.localize._results import LayerDiffResult, ScaleCheckResult
 from speedtrap.stack import SINGLE_ROLE, Launcher
+
+if TYPE_CHECKING:
+    from speedtrap.manifest import Manifest
 
 SGLANG = "sglang"  # the engine name the agent reports when it attached inside SGLang's model runner
 
@@ -306,7 +309,7 @@ def _shown_role(launcher: Launcher, culprit: Sequence[str], results: Mapping[str
 
 
 def localize_manifest(
-    manifest: Path,
+    manifest: Manifest,
     culprits: Sequence[Sequence[str]],
     folder: Path,
     *,
@@ -319,21 +322,19 @@ def localize_manifest(
 ) -> list[StackLocalization]:
     """Each culprit set of ``manifest``'s patches localized inside its stack (the base launched once)."""
     from speedtrap.localize._inputs import folder_ids
-    from speedtrap.stack import load_stack_manifest, resolve_commit_patches
 
-    target, patches = load_stack_manifest(Path(manifest))
+    target, patches = manifest.target, manifest.patches
     if target.in_process:
-        raise UsageError(f"{manifest} names an in-process target", f"localize it with --target {target.name}")
+        raise UsageError(f"{manifest.path} names an in-process target", f"localize it with --target {target.name}")
     known = {p.name for p in patches}
     for culprit in [*culprits, baseline]:
         unknown = [n for n in culprit if n not in known]
         if unknown or (culprit is not baseline and not culprit):
             raise UsageError(
-                f"--patches must name patches of {manifest}"
+                f"--patches must name patches of {manifest.path}"
                 + (f" ({', '.join(unknown)} is not one)" if unknown else ""),
                 f"choose from: {', '.join(sorted(known))}",
             )
-    target, patches = resolve_commit_patches(target, patches)
     request = LiveRequest(
         tuple(folder_ids(target.model, tokens)), decode=decode, model=target.served_model, param=param,
         values=None if values is None else tuple(values), threshold=threshold,

@@ -15,7 +15,7 @@ from speedtrap.progress import Progress
 from speedtrap.report import Part, RunRecord, Source, load_part, save_part
 
 if TYPE_CHECKING:
-    from speedtrap.isolate import IsolateManifest
+    from speedtrap.manifest import Manifest
     from speedtrap.targets import InProcessModel
 
 
@@ -27,7 +27,7 @@ class Context:
     record: RunRecord
     progress: Progress
     model: InProcessModel | None = None  # loaded on first use (a fully reused run never loads it)
-    manifest: IsolateManifest | None = None  # a --manifest run's
+    manifest: Manifest | None = None  # a --manifest run's
     reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
     computed: list[str] = field(default_factory=list)
 
@@ -42,7 +42,7 @@ class Context:
             self.model = load_target(str(self.source.target), overrides, self.settings.patches or ())
         return self.model
 
-    def server_manifest(self) -> IsolateManifest:
+    def server_manifest(self) -> Manifest:
         """The manifest of a ``--manifest`` run (read before any stage runs)."""
         if self.manifest is None:
             raise SpeedtrapError("this run has no manifest", "pass --manifest speedtrap.toml")

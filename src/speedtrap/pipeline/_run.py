@@ -110,9 +110,10 @@ def run_pipeline(
     record = RunRecord(source, command or "", settings=settings.to_json())
     ctx = Context(run_dir, source, settings, record, progress, model=model)
     if not source.in_process:
-        from speedtrap.isolate import load_isolate_manifest
+        from speedtrap.manifest import load_manifest
 
-        ctx.manifest = load_isolate_manifest(Path(str(source.manifest)))
+        ctx.manifest = load_manifest(Path(str(source.manifest)))
+        _ = ctx.manifest.target, ctx.manifest.verdict  # what run launches and judges by: named before any stage
     ctx.save_record()
     seconds: dict[str, float] = {}
     errors: list[str] = []

@@ -28,7 +28,8 @@ from speedtrap.rundir import (
 )
 
 if TYPE_CHECKING:
-    from speedtrap.isolate import IsolateManifest, IsolateResult
+    from speedtrap.isolate import IsolateResult
+    from speedtrap.manifest import Manifest
     from speedtrap.spec import DivergenceProbe, RecallProbe
 
 ISOLATE_KEY_FILE = "pipeline-key.json"
@@ -45,7 +46,7 @@ def triage_stage(ctx: Context) -> dict[str, Any]:
         if ctx.source.in_process:
             patch_set = from_target(str(ctx.source.target), None, ctx.settings.patches or ())
         else:
-            patch_set = from_manifest(Path(str(ctx.source.manifest)), None)
+            patch_set = from_manifest(ctx.server_manifest(), None)
         try:
             symbol = ctx.source.symbol if patch_set.tree is not None else None
             report = triage(patch_set, symbol)
@@ -124,7 +125,7 @@ def server_probe(ctx: Context, kind: Kind) -> Any:
     """The ProbeSpec a manifest's server is measured with: this run's probe, asked the way the manifest's
     ``[probe]`` says (``api``, ``model``): SGLang's ``/generate`` keyed by token id, vLLM's prompt_logprobs.
     Dropping them measured the evidence through the OpenAI endpoints against a recording keyed by id."""
-    from speedtrap.isolate import ProbeSpec
+    from speedtrap.manifest import ProbeSpec
 
     typed = ctx.settings.probe(kind)
     asked = ctx.server_manifest().probe
@@ -168,7 +169,7 @@ def summary(part: Part) -> str:
 
 
 def from_trial_report(
-    ctx: Context, spec: IsolateManifest, result: IsolateResult, config: Sequence[str], label: str, role: str
+    ctx: Context, spec: Manifest, result: IsolateResult, config: Sequence[str], label: str, role: str
 ) -> Part | None:
     """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
     (same settings, same seed): no second measurement."""
@@ -201,7 +202,7 @@ def _same(part: Part, key: str) -> Part:
 # -- isolation ----------------------------------------------------------------------------------
 
 
-def isolation_spec(ctx: Context, prior: Sequence[str]) -> IsolateManifest:
+def isolation_spec(ctx: Context, prior: Sequence[str]) -> Manifest:
     from speedtrap.isolate import DEFAULT_PROBE, DEFAULT_VERDICT, manifest_for_target
 
     if ctx.source.in_process:

@@ -12,7 +12,7 @@ from speedtrap.regress._check import (
     judge_recall,
     junit_xml,
 )
-from speedtrap.regress._hunt import bisect_manifest, hunt_manifest
+from speedtrap.regress._hunt import bisect_manifest, hunt_manifest, manifest_without_rule
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -26,5 +26,6 @@ __all__ = [
     "judge_recall",
     "junit_xml",
     "launch_build",
+    "manifest_without_rule",
     "stop_url",
 ]

@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate import IsolateManifest, ServerOracle
+from speedtrap.isolate import ServerOracle
+from speedtrap.manifest import Manifest
 
 
-def build_config(manifest: IsolateManifest, named: str | None) -> tuple[str, ...]:
+def build_config(manifest: Manifest, named: str | None) -> tuple[str, ...]:
     """The configuration to check: the patches named (comma-separated), or every switchable patch on."""
     names = [p.name for p in manifest.patches if not p.ungated]
     if named is None:
@@ -34,13 +35,13 @@ def build_config(manifest: IsolateManifest, named: str | None) -> tuple[str, ...
 
 
 def launch_build(
-    manifest_path: Path, named: str | None, log_dir: Path, api: str | None = None, model: str | None = None
-) -> tuple[Any, Any, IsolateManifest]:
+    written: Manifest, named: str | None, log_dir: Path, api: str | None = None, model: str | None = None
+) -> tuple[Any, Any, Manifest]:
     """Start the manifest's build (a stack of roles or one server) in the configuration to check; the server and
     the probe's client of it as a trial's (a stack's tokenizer and prompt-logprob roles, its request timeout)."""
     from speedtrap.regress._hunt import manifest_without_rule
 
-    manifest = manifest_without_rule(manifest_path)  # the recording is the probe, the bounds the rule
+    manifest = manifest_without_rule(written)  # the recording is the probe, the bounds the rule
     if manifest.target.in_process:
         raise UsageError(
             "check without --target launches the manifest's build, but its target is in-process",

@@ -272,9 +272,9 @@ def _title(source: Source, r: _Reader) -> str:
     the engine and version the probed server reported (``engines`` of a divergence part)."""
     model = ""
     try:
-        from speedtrap.isolate import load_isolate_manifest
+        from speedtrap.manifest import load_manifest
 
-        target = load_isolate_manifest(Path(str(source.manifest))).target
+        target = load_manifest(Path(str(source.manifest))).target
         model = target.served_model or (Path(target.model).name if target.model else "")
     except (SpeedtrapError, OSError):
         pass

@@ -2,8 +2,10 @@
 
 Below the stages that launch stacks (isolate's trials, the CI gate's recording, live localize)::
 
-    from speedtrap.stack import Launcher, load_stack_manifest
-    target, patches = load_stack_manifest(Path("speedtrap.toml"))
+    from speedtrap.manifest import load_manifest
+    from speedtrap.stack import Launcher
+    manifest = load_manifest(Path("speedtrap.toml"))
+    target, patches = manifest.target, manifest.patches
     launcher = Launcher(target, patches)
     server, seconds = launcher.start(("glm4_fused_topk_scale",), Path("runs/x/trial.log"))
     with server:
@@ -38,7 +40,6 @@ from speedtrap.stack._manifest import (
     PATCH_KEYS,
     TARGET_KEYS,
     check_relations,
-    load_stack_manifest,
     manifest_stack,
     parse_patches,
     parse_target,
@@ -92,7 +93,6 @@ __all__ = [
     "inspect_stack",
     "launch",
     "launch_stack",
-    "load_stack_manifest",
     "manifest_stack",
     "parse_patches",
     "parse_target",

@@ -11,6 +11,7 @@ process whose environment lacks the role's launch variables (or cannot be read) 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._commits import worktree_applied
 from speedtrap.stack._inspect import GateState, gate_state, switch_like
-from speedtrap.stack._manifest import load_stack_manifest
 from speedtrap.stack._records import read_records
+from speedtrap.stack._spec import PatchSpec, TargetSpec
 from speedtrap.stack._worktree import resolve_commit_patches
 
 
@@ -142,9 +143,10 @@ def _state(pid: int, launch_keys: set[str]) -> tuple[ProcessState, dict[str, str
     return ProcessState(pid, _name(pid), readable, evidence), env
 
 
-def inspect_stack(manifest_path: Path) -> StackReport:
-    """The live stack of ``manifest_path`` (the one speedtrap launched from it), role by role."""
-    target, patches = load_stack_manifest(manifest_path)
+def inspect_stack(manifest_path: Path, target: TargetSpec, patches: Sequence[PatchSpec]) -> StackReport:
+    """The live stack of ``manifest_path`` (the one speedtrap launched from it), role by role: ``target`` and
+    ``patches`` are the manifest's, read once with their commits as written (``load_manifest(path,
+    resolve_commits=False)``)."""
     # commit patches: their full shas, read back from each role's worktree (a repository moved since the launch:
     # those gates stay unknown, the rest is read)
     with contextlib.suppress(SpeedtrapError):

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError
-from speedtrap._fields import first_cycle, integer, no_unknown, number, resolve, str_list, str_table, table
-from speedtrap._toml import read_manifest_toml
+from speedtrap._fields import first_cycle, integer, no_unknown, number, resolve, str_list, str_table
 from speedtrap.spec import Platform
 from speedtrap.stack._roles import DEFAULT_HEALTH, STACK_KEYS, StackSpec, agree_conflict, parse_stack, patch_roles
 from speedtrap.stack._spec import PatchSpec, TargetSpec
@@ -255,12 +254,3 @@ def check_relations(patches: Sequence[PatchSpec]) -> None:
         raise ManifestError(
             f"patches[{index[cycle[0]]}].requires forms a cycle: {' -> '.join(cycle)}", "break the cycle"
         )
-
-
-def load_stack_manifest(path: Path) -> tuple[TargetSpec, tuple[PatchSpec, ...]]:
-    """A manifest's target and patches alone (commits unresolved): what ``inspect`` compares a live stack with."""
-    path = Path(path)
-    data = read_manifest_toml(path)
-    target = parse_target(table(data, "target", required=True), path.parent, path)
-    patches = parse_patches(data.get("patches"), path.parent, required=False, stack=target.stack)
-    return target, patches

@@ -7,7 +7,7 @@ from speedtrap.triage.source.changes import ChangedFile, lay_patch
 from speedtrap.triage.source.diff import DiffError, FilePatch, Hunk, apply_patch, parse_diff
 from speedtrap.triage.source.index import SourceIndex
 from speedtrap.triage.source.line_patterns import text_signals
-from speedtrap.triage.source.manifest import CONFIG, ENV, FLAG, UNGATED, Manifest, load_manifest
+from speedtrap.triage.source.manifest import CONFIG, ENV, FLAG, UNGATED
 from speedtrap.triage.source.pyast import Module, callee, condition_names, last_name, position, short
 from speedtrap.triage.source.sources import (
     PatchInput,
@@ -30,7 +30,6 @@ __all__ = [
     "DiffError",
     "FilePatch",
     "Hunk",
-    "Manifest",
     "Module",
     "PatchInput",
     "PatchSet",
@@ -45,7 +44,6 @@ __all__ = [
     "from_target",
     "last_name",
     "lay_patch",
-    "load_manifest",
     "parse_diff",
     "position",
     "run_git",

@@ -1,6 +1,6 @@
 """The patches of a ``speedtrap.toml`` manifest, as triage reads them.
 
-The ``[[patches]]`` tables are read by isolate's parser (one set of checks); triage keeps only
+The manifest is read once (:func:`speedtrap.manifest.load_manifest`: one set of checks); triage keeps only
 what it needs of each patch, and the optional ``tree``::
 
     tree = "../sglang/python"          # optional: the source tree the diffs apply to
@@ -22,14 +22,15 @@ what it needs of each patch, and the optional ``tree``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from speedtrap._errors import ManifestError
-from speedtrap._toml import read_manifest_toml
 from speedtrap.patching import Gate, GateKind
-from speedtrap.spec import Platform
+
+if TYPE_CHECKING:
+    from speedtrap.manifest import Manifest
 
 ENV, FLAG, CONFIG, UNGATED = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG, GateKind.UNGATED
 
@@ -43,79 +44,25 @@ class ManifestPatch:
     commits: tuple[str, ...] = ()  # a commit patch: its commits (full shas) in [target] repo
 
 
-@dataclass(frozen=True)
-class Manifest:
-    path: Path
-    patches: tuple[ManifestPatch, ...]
-    tree: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-    repo: Path | None = None  # commit patches: [target] repo and its base (a full sha)
-    base: str | None = None
-    model: Path | None = None  # [target] model, where it is a config.json or a folder holding one
-    platform: Platform | None = None  # [target] platform
-
-
-def load_manifest(path: Path) -> Manifest:
-    """Read and check a manifest's patches (isolate's reader: the same checks, the same messages)."""
-    from speedtrap.stack import manifest_stack, parse_patches, resolve_commits_in
-
-    path = Path(path)
-    data = read_manifest_toml(path)
-    if data.get("patches") is None:
-        raise ManifestError(f"manifest {str(path)!r} has no [[patches]] tables", "add one [[patches]] table per patch")
-    specs = parse_patches(data.get("patches"), path.parent, required=True, stack=manifest_stack(data, path))
-    repo, base = _commits(data, path.parent, specs)
-    if repo is not None:
-        repo, base, specs = resolve_commits_in(repo, base, specs)
-    patches = tuple(
+def manifest_patches(manifest: Manifest) -> tuple[ManifestPatch, ...]:
+    """What triage reads of each of the manifest's patches (a manifest without any is an error here)."""
+    if not manifest.patches:
+        raise ManifestError(
+            f"manifest {str(manifest.path)!r} has no [[patches]] tables", "add one [[patches]] table per patch"
+        )
+    return tuple(
         ManifestPatch(p.name, None if p.gate.kind is GateKind.COMMIT else p.gate, p.diff, p.summary, p.commits)
-        for p in specs
-    )
-    tree = data.get("tree")
-    if tree is not None and not isinstance(tree, str):
-        raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
-    return Manifest(
-        path,
-        patches,
-        (path.parent / tree) if tree else None,
-        repo=repo,
-        base=base,
-        model=_model(data, path.parent),
-        platform=_platform(data),
+        for p in manifest.patches
     )
 
 
-def _platform(data: dict[str, Any]) -> Platform | None:
-    """``[target] platform``, checked by the one parser (a bad value names ``target.platform``)."""
-    target = data.get("target")
-    if not isinstance(target, dict) or "platform" not in target:
-        return None
-    return Platform.parse(target["platform"], "target.platform", ManifestError)
-
-
-def _model(data: dict[str, Any], base: Path) -> Path | None:
+def manifest_model(manifest: Manifest) -> Path | None:
     """``[target] model`` when it names the model's class: a config.json or a folder holding one (a GGUF
     file or a hub name does not, so it feeds no reachability)."""
-    target = data.get("target")
-    raw = target.get("model") if isinstance(target, dict) else None
-    if not isinstance(raw, str) or not raw:
+    target = manifest.target_spec
+    if target is None or not target.model:
         return None
-    path = Path(raw).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = Path(target.model).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
     return path if path.is_file() and path.name.endswith(".json") else None
-
-
-def _commits(data: dict[str, Any], base: Path, specs: Any) -> tuple[Path | None, str | None]:
-    from speedtrap.stack import commit_target_fields
-
-    target = data.get("target")
-    fields = commit_target_fields(target if isinstance(target, dict) else {}, base)
-    repo = fields["repo"]
-    if repo is None and any(p.commit is not None for p in specs):
-        raise ManifestError(
-            "the manifest's patches are commits but [target] names no repository",
-            'add repo = "path/to/checkout" and base = "<sha>" to [target]',
-        )
-    return repo, fields["base"]

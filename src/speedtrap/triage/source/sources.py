@@ -11,13 +11,16 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedtrap._errors import UsageError
 from speedtrap.patching import Gate
 from speedtrap.spec import Platform
 from speedtrap.triage.source.diff import decode_diff, parse_diff
-from speedtrap.triage.source.manifest import load_manifest
+from speedtrap.triage.source.manifest import manifest_model, manifest_patches
+
+if TYPE_CHECKING:
+    from speedtrap.manifest import Manifest
 
 _GIT_TIMEOUT_S = 120
 _SUBJECT_RE = re.compile(r"^Subject:\s*(?:\[[^\]]*\]\s*)?(.*)$", re.M)
@@ -152,10 +155,13 @@ def from_git_range(repo: Path, rng: str, tree: Path | None) -> PatchSet:
     return PatchSet(patches, tree, label, args, tmp, exported)
 
 
-def from_manifest(path: Path, tree: Path | None) -> PatchSet:
-    manifest = load_manifest(path)
+def from_manifest(manifest: Manifest, tree: Path | None) -> PatchSet:
+    """The manifest's patches (read once by :func:`speedtrap.manifest.load_manifest`) with their diffs."""
+    path = manifest.path
+    target = manifest.target_spec
+    repo = target.repo if target is not None else None
     patches = []
-    for mp in manifest.patches:
+    for mp in manifest_patches(manifest):
         diff = None
         if mp.diff_path is not None:
             try:
@@ -168,19 +174,25 @@ def from_manifest(path: Path, tree: Path | None) -> PatchSet:
             diff = decode_diff(data, f"diff of patch {mp.name!r}")
             parse_diff(diff, f"diff of patch {mp.name!r}")
         origin = f"manifest {path}"
-        if mp.commits and manifest.repo is not None:
-            diff = "".join(_commit_diff(manifest.repo, sha) for sha in mp.commits) or None
+        if mp.commits and repo is not None:
+            diff = "".join(_commit_diff(repo, sha) for sha in mp.commits) or None
             origin = f"commit {mp.commits[0][:12]}" + (f"..{mp.commits[-1][:12]}" if len(mp.commits) > 1 else "")
         patches.append(PatchInput(mp.name, diff, origin, mp.summary, mp.gate, commits=mp.commits))
     args = ["--manifest", str(path)] + (["--tree", str(tree)] if tree else [])
     tmp = None
     tree = tree or manifest.tree
-    if tree is None and manifest.repo is not None and manifest.base is not None:
-        tmp = _archive(manifest.repo, manifest.base)
+    if tree is None and repo is not None and target is not None and target.base is not None:
+        tmp = _archive(repo, target.base)
         tree = Path(tmp.name)
-    model = str(manifest.model) if manifest.model is not None else None
+    model = manifest_model(manifest)
     return PatchSet(
-        patches, tree, f"{len(patches)} patch(es) of {path}", args, tmp, model=model, platform=manifest.platform
+        patches,
+        tree,
+        f"{len(patches)} patch(es) of {path}",
+        args,
+        tmp,
+        model=str(model) if model is not None else None,
+        platform=target.platform if target is not None else None,
     )
 
 

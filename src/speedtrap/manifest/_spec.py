@@ -1,4 +1,4 @@
-"""The manifest's typed contents: target, patches, probe, verdict (read by ``_manifest``)."""
+"""The manifest's typed contents: target, patches, probe, verdict, search (read once by ``_parse``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedtrap._errors import ManifestError
 from speedtrap.spec import RULES as RULES
 from speedtrap.spec import Verdict
 from speedtrap.stack import PatchSpec, TargetSpec
@@ -60,17 +61,40 @@ class ProbeSpec:
 
 
 @dataclass(frozen=True)
-class IsolateManifest:
+class Manifest:
+    """A ``speedtrap.toml``, read once (:func:`speedtrap.manifest.load_manifest`) and handed to every stage.
+
+    ``target_spec`` is None for a manifest triage reads alone (``[[patches]]`` and ``tree``): a stage that
+    launches asks for :attr:`target`, which names the missing table. ``verdict_spec`` is None where
+    ``[verdict]`` has no bound and nothing to derive one from (a gate that supplies its own rule still runs):
+    :attr:`verdict` raises the problem found when the manifest was read.
+    """
+
     path: Path | None
-    target: TargetSpec
+    target_spec: TargetSpec | None
     patches: tuple[PatchSpec, ...]
     probe: ProbeSpec = ProbeSpec()
-    verdict: VerdictSpec = field(default_factory=VerdictSpec)
+    verdict_spec: VerdictSpec | None = field(default_factory=VerdictSpec)
     prior: tuple[str, ...] = ()
     parallel: int = 1  # trials at once (servers on threads, or Ray workers; Ray's default: what fits)
     executor: str = "local"  # local | ray
     address: str | None = None  # executor = "ray": the cluster (None: a local one started for the run)
     resources: tuple[tuple[str, float], ...] = ()  # executor = "ray": what one trial reserves
+    tree: Path | None = None  # triage: the source tree the diffs apply to (``tree = ...``)
+    verdict_problem: tuple[str, str] | None = None  # (problem, fix) when verdict_spec is None
+
+    @property
+    def target(self) -> TargetSpec:
+        if self.target_spec is None:
+            raise ManifestError("manifest has no [target] table", "add a [target] table: what is launched")
+        return self.target_spec
+
+    @property
+    def verdict(self) -> VerdictSpec:
+        if self.verdict_spec is None:
+            problem, fix = self.verdict_problem or ("verdict.bound is missing", "write verdict.bound")
+            raise ManifestError(problem, fix)
+        return self.verdict_spec
 
     def patch(self, name: str) -> PatchSpec:
         for p in self.patches:
@@ -81,13 +105,14 @@ class IsolateManifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path) if self.path else None,
-            "target": self.target.to_json(),
+            "target": self.target_spec.to_json() if self.target_spec is not None else None,
             "patches": [p.to_json() for p in self.patches],
             "probe": {**self.probe.identity(), "timeout": self.probe.timeout, "reference": self.probe.reference},
-            "verdict": self.verdict.to_json(),
+            "verdict": self.verdict_spec.to_json() if self.verdict_spec is not None else None,
             "prior": list(self.prior),
             "parallel": self.parallel,
             "executor": self.executor,
             "address": self.address,
             "resources": dict(self.resources),
+            "tree": str(self.tree) if self.tree is not None else None,
         }

@@ -1,4 +1,4 @@
-"""speedtrap.toml for isolate: a valid manifest reads back; every invalid field is named in one line."""
+"""speedtrap.toml, read once: a valid manifest reads back; every invalid table or field is named in one line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedtrap._errors import ManifestError
-from speedtrap.isolate import load_isolate_manifest, parse_manifest
+from speedtrap.manifest import load_manifest, parse_manifest
 
 GOOD = """
 tree = "../sglang/python"   # read by triage, ignored here
@@ -132,26 +132,30 @@ BAD = [
 @pytest.mark.parametrize(("text", "message"), BAD, ids=[m for _, m in BAD])
 def test_an_invalid_field_is_named(text: str, message: str) -> None:
     with pytest.raises(ManifestError) as info:
-        parse(text)
+        manifest = parse(text)
+        _ = manifest.target, manifest.verdict  # what a stage that launches and judges asks for
     assert message in info.value.one_line()
     assert "\n" not in info.value.one_line() and info.value.fix
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="does not exist"):
-        load_isolate_manifest(tmp_path / "missing.toml")
+        load_manifest(tmp_path / "missing.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[target\nname = 1")
     with pytest.raises(ManifestError, match="is not valid TOML"):
-        load_isolate_manifest(bad)
+        load_manifest(bad)
 
 
-def test_triage_reads_the_same_file(tmp_path: Path) -> None:
-    from speedtrap.triage import load_manifest
+def test_triage_reads_the_one_manifest(tmp_path: Path) -> None:
+    from speedtrap.triage import from_manifest
 
     path = tmp_path / "speedtrap.toml"
     path.write_text(GOOD)
-    assert [p.name for p in load_manifest(path).patches] == [p.name for p in load_isolate_manifest(path).patches]
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "compiled.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n")
+    manifest = load_manifest(path)
+    assert [p.name for p in from_manifest(manifest, None).patches] == [p.name for p in manifest.patches]
 
 
 _scalars = st.one_of(
@@ -209,3 +213,84 @@ def test_any_document_parses_or_fails_with_a_manifest_error(data: dict[str, Any]
         parse_manifest(data, Path("/m"))
     except ManifestError as exc:
         assert exc.one_line() and "\n" not in exc.problem
+
+
+@pytest.mark.parametrize(
+    ("typo", "nearest"), [("verdcit", "verdict"), ("serach", "search"), ("patch", "patches"), ("targets", "target")]
+)
+def test_an_unknown_table_is_named_with_the_nearest_known_one(typo: str, nearest: str) -> None:
+    text = GOOD.replace("[search]", f"[{typo}]") if typo == "serach" else GOOD + f"\n[{typo}]\nx = 1\n"
+    with pytest.raises(ManifestError, match=rf"unknown table '{typo}' \(did you mean '{nearest}'\?\)"):
+        parse(text)
+
+
+def test_an_unknown_table_far_from_every_name_lists_the_known_ones() -> None:
+    with pytest.raises(ManifestError) as caught:
+        parse(GOOD + "\n[zzzz]\nx = 1\n")
+    assert "did you mean" not in caught.value.one_line() and "target, patches, probe" in caught.value.one_line()
+
+
+def test_an_unknown_key_names_the_nearest_known_key() -> None:
+    with pytest.raises(
+        ManifestError, match=r"verdict.bund is not a known field of verdict \(did you mean verdict.bound"
+    ):
+        parse(GOOD.replace("bound = 0.3", "bund = 0.3"))
+
+
+def test_a_misspelt_verdict_table_is_named_not_reported_as_a_missing_bound(tmp_path: Path) -> None:
+    """The issue's case: ``[verdcit]`` once ran on and stopped at "verdict.bound is missing"."""
+    from typer.testing import CliRunner
+
+    from speedtrap.cli import app
+
+    path = tmp_path / "speedtrap.toml"
+    path.write_text(GOOD.replace("[verdict]", "[verdcit]"))
+    for argv in (
+        ["run", "--manifest", str(path)],
+        ["bisect", "--manifest", str(path)],
+        ["triage", "--manifest", str(path)],
+    ):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        assert "unknown table 'verdcit' (did you mean 'verdict'?)" in result.output
+        assert "Traceback" not in result.output and "bound is missing" not in result.output
+
+
+def test_a_manifest_without_target_is_read_for_triage_and_names_the_table_where_one_launches(tmp_path: Path) -> None:
+    manifest = parse('tree = "src"\n[[patches]]\nname = "a"\nenv = { A = "1" }\n', tmp_path)
+    assert manifest.tree == tmp_path / "src" and [p.name for p in manifest.patches] == ["a"]
+    with pytest.raises(ManifestError, match=r"no \[target\] table"):
+        _ = manifest.target
+
+
+def test_a_missing_bound_is_raised_where_a_verdict_is_needed_not_where_a_gate_brings_its_own() -> None:
+    from speedtrap.regress import manifest_without_rule
+
+    manifest = parse(GOOD.replace("bound = 0.3\n", ""))
+    with pytest.raises(ManifestError, match=r"verdict\.bound is missing"):
+        _ = manifest.verdict
+    hunted = manifest_without_rule(manifest)  # check --bisect-on-fail: the failed bound is the rule
+    assert hunted.verdict.metric == "failed-bound" and hunted.probe.api == manifest.probe.api
+
+
+def test_one_reader_of_manifest_files() -> None:
+    """Every stage takes the typed Manifest; only its loader turns a file into a dict."""
+    import speedtrap
+
+    root = Path(speedtrap.__file__).parent
+    readers = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "read_manifest_toml(" in p.read_text() and p.name != "_toml.py"
+    )
+    assert readers == ["manifest/_parse.py"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=12), st.integers(), max_size=4))
+def test_any_top_level_is_read_or_named_never_a_crash(extra: dict[str, int]) -> None:
+    data = {**tomllib.loads(GOOD), **extra}
+    try:
+        parse_manifest(data, Path("/m"))
+    except ManifestError as exc:
+        assert "\n" not in exc.one_line()

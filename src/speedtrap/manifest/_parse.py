@@ -1,8 +1,12 @@
-"""``speedtrap.toml``: the target, its patches, the probe and the verdict rule that isolate reads.
+"""``speedtrap.toml``, read once: the target, its patches, the probe, the verdict rule and the search.
 
-The ``[[patches]]`` tables are the ones triage reads too (name, env, args, config, diff, gate,
-summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[probe]``,
-``[verdict]`` and ``[search]`` tables::
+Every stage (triage, isolate, the CI gate, localize, inspect, ``run``) takes the :class:`Manifest` this
+module returns; none reads the file again. The top level holds the tables below and ``tree`` (triage's
+source tree); an unknown table or key is an error that names it and the nearest known name, so a typo
+(``[verdcit]``, ``[serach]``) never runs a search with silent defaults. A manifest triage reads alone
+may have no ``[target]``; the stages that launch ask for it and name the missing table::
+
+    tree = "../sglang/python"      # optional: the source tree the diffs apply to (triage)
 
     [target]                       # either an in-process target ...
     name = "smol-moe"
@@ -59,23 +63,25 @@ from pathlib import Path
 from typing import Any
 
 from speedtrap._errors import ManifestError, UsageError
-from speedtrap._fields import integer, no_unknown, number, resolve, str_list, table
+from speedtrap._fields import integer, nearest, no_unknown, number, resolve, str_list, table
 from speedtrap._toml import read_manifest_toml
-from speedtrap.isolate._spec import (
+from speedtrap.manifest._spec import (
     DIRECTIONS,
     EXECUTORS,
     PROBE_APIS,
     PROBE_KINDS,
     REFERENCE_MODES,
     RULES,
-    IsolateManifest,
+    Manifest,
     ProbeSpec,
     VerdictSpec,
 )
 from speedtrap.spec import DEFAULT_BOUND, Bound, parse_probe, polarity
 from speedtrap.stack import TargetSpec, parse_patches, parse_target, resolve_commit_patches
 
-__all__ = ["IsolateManifest", "ProbeSpec", "VerdictSpec", "load_isolate_manifest", "parse_manifest"]
+__all__ = ["TABLES", "load_manifest", "parse_manifest"]
+
+TABLES = ("target", "patches", "probe", "verdict", "search", "tree")  # the manifest's top level
 
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference", "api", "model"}
 _VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
@@ -86,24 +92,54 @@ _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 # Reading and checking.
 
 
-def load_isolate_manifest(path: Path) -> IsolateManifest:
-    """Read and check a manifest; every problem is a :class:`ManifestError` naming the field."""
+def load_manifest(path: Path, *, resolve_commits: bool = True) -> Manifest:
+    """Read and check a manifest; every problem is a :class:`ManifestError` naming the field.
+
+    ``resolve_commits=False`` leaves commit patches as written (``inspect`` of a live stack whose repository
+    may have moved since the launch: it resolves what it can itself)."""
     path = Path(path)
     data = read_manifest_toml(path)
-    return parse_manifest(data, path.parent, path)
+    return parse_manifest(data, path.parent, path, resolve_commits=resolve_commits)
 
 
-def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None) -> IsolateManifest:
+def check_tables(data: Mapping[str, Any]) -> None:
+    """The top level holds only :data:`TABLES`; anything else is named with the nearest known table."""
+    for key in data:
+        if key not in TABLES:
+            guess = nearest(str(key), TABLES)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            raise ManifestError(f"unknown table {key!r}{hint}", f"a manifest holds only: {', '.join(TABLES)}")
+
+
+def parse_manifest(
+    data: Mapping[str, Any], base: Path, path: Path | None = None, *, resolve_commits: bool = True
+) -> Manifest:
     """Check a parsed TOML document; relative paths are taken from ``base``.
 
-    Other top-level tables (another tool's sections, triage's ``tree``) are left alone; inside the
-    tables isolate reads, an unknown key is an error (a typo must not silently change a search).
+    Inside every table an unknown key is an error too (a typo must not silently change a search).
     """
-    target = parse_target(table(data, "target", required=True), base, path)
-    patches = parse_patches(data.get("patches"), base, required=not target.in_process, stack=target.stack)
-    target, patches = resolve_commit_patches(target, patches)
+    check_tables(data)
+    target: TargetSpec | None = None
+    if "target" in data or "patches" not in data:  # neither: say what is launched first
+        target = parse_target(table(data, "target", required=True), base, path)
+    patches = parse_patches(
+        data.get("patches"),
+        base,
+        required=target is None or not target.in_process,
+        stack=target.stack if target is not None else None,
+    )
+    if target is not None and resolve_commits:
+        target, patches = resolve_commit_patches(target, patches)
+    elif any(p.commit is not None for p in patches):
+        raise ManifestError(
+            "the manifest's patches are commits but it has no [target] naming their repository",
+            'add [target] with repo = "path/to/checkout" and base = "<sha>"',
+        )
+    tree = data.get("tree")
+    if tree is not None and (not isinstance(tree, str) or not tree):
+        raise ManifestError("tree must be a path string", 'write tree = "path/to/source"')
     probe = _probe(table(data, "probe"), target, base)
-    verdict = _verdict(table(data, "verdict"), probe)
+    verdict, problem = _verdict(table(data, "verdict"), probe)
     search = table(data, "search")
     no_unknown(search, _SEARCH_KEYS, "search.", "search")
     prior = str_list(search.get("prior", []), "search.prior")
@@ -125,12 +161,23 @@ def parse_manifest(data: Mapping[str, Any], base: Path, path: Path | None = None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ManifestError(f"search.resources.{key} = {value!r} is not a non-negative number", f"write {key} = 1")
         resources.append((str(key), float(value)))
-    return IsolateManifest(
-        path, target, patches, probe, verdict, tuple(prior), parallel, executor, address, tuple(resources)
+    return Manifest(
+        path,
+        target,
+        patches,
+        probe,
+        verdict,
+        tuple(prior),
+        parallel,
+        executor,
+        address,
+        tuple(resources),
+        tree=resolve(base, tree) if tree else None,
+        verdict_problem=problem,
     )
 
 
-def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
+def _probe(raw: Mapping[str, Any], target: TargetSpec | None, base: Path) -> ProbeSpec:
     no_unknown(raw, _PROBE_KEYS, "probe.", "probe")
     kind = raw.get("kind", "divergence")
     if kind not in PROBE_KINDS:
@@ -146,7 +193,8 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
         raise ManifestError(
             'probe.kind = "command" needs probe.argv', 'write argv = ["python", "eval.py", "{base_url}"]'
         )
-    if kind == "command" and target.in_process:
+    in_process = target is not None and target.in_process
+    if kind == "command" and in_process:
         raise ManifestError('probe.kind = "command" needs a server target (target.launch)', "use divergence or recall")
     if kind != "command" and argv:
         raise ManifestError('probe.argv is only for kind = "command"', "drop probe.argv")
@@ -167,7 +215,7 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ManifestError("probe.model must be a non-empty string", 'write model = "the name the server serves"')
     for key in ("api", "model"):
-        if key in raw and (target.in_process or kind == "command"):
+        if key in raw and (in_process or kind == "command"):
             raise ManifestError(f"probe.{key} is for the HTTP probes of a server target", f"drop probe.{key}")
     try:  # the spec's Probe (a union tagged on kind) is the last word on types and keys
         parse_probe(dict(raw))
@@ -177,7 +225,9 @@ def _probe(raw: Mapping[str, Any], target: TargetSpec, base: Path) -> ProbeSpec:
     return ProbeSpec(kind, preset_name, dict(settings), argv, timeout, api, model, reference)
 
 
-def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
+def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> tuple[VerdictSpec | None, tuple[str, str] | None]:
+    """The verdict, or None with the problem (no bound, and no recorded floor to derive one from): the stage
+    that needs a verdict raises it; a gate that brings its own rule does not."""
     no_unknown(raw, _VERDICT_KEYS, "verdict.", "verdict")
     rule = raw.get("rule", "recall_drop" if probe.kind == "recall" else "threshold")
     if rule not in RULES:
@@ -196,26 +246,29 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
         raise ManifestError("verdict.near must be below 1 (a relative band around the bound)", "write near = 0.25")
     if rule == "threshold" and "bound" not in raw:
         return _recorded_floor_verdict(raw, probe, metric, direction, near)
-    return VerdictSpec(
-        rule=rule,
-        metric=metric,
-        bound=number(raw.get("bound", 0.0), "verdict.bound", allow_zero=True, allow_negative=True),
-        direction=direction,
-        near=near,
-        repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
-        margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+    return (
+        VerdictSpec(
+            rule=rule,
+            metric=metric,
+            bound=number(raw.get("bound", 0.0), "verdict.bound", allow_zero=True, allow_negative=True),
+            direction=direction,
+            near=near,
+            repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
+            margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+        ),
+        None,
     )
 
 
 def _recorded_floor_verdict(
     raw: Mapping[str, Any], probe: ProbeSpec, metric: str, direction: str, near: float
-) -> VerdictSpec:
+) -> tuple[VerdictSpec | None, tuple[str, str] | None]:
     """No ``verdict.bound``: derived from the noise floor stored in the reference recording, if any."""
     from speedtrap.probe import DEFAULT_MARGIN, read_recording
 
     floor = read_recording(Path(probe.reference)).floor if probe.reference not in REFERENCE_MODES else None
     if floor is None:
-        raise ManifestError(
+        return None, (
             "verdict.bound is missing",
             "write bound = <the value a passing configuration stays within>, or point probe.reference at a "
             "recording that holds a noise floor (speedtrap record --floor)",
@@ -231,4 +284,4 @@ def _recorded_floor_verdict(
         repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
         margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
         origin=f"{derived.origin}, stored with {Path(probe.reference).name}",
-    )  # fmt: skip
+    ), None  # fmt: skip
