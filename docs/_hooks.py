@@ -104,7 +104,7 @@ def _table(schema: dict[str, Any], defs: dict[str, Any], prefix: str) -> list[st
 
 
 def manifest_page() -> str:
-    from speedtrap.isolate import _manifest
+    from speedtrap.manifest import _parse as _manifest
     from speedtrap.spec import manifest_schema
 
     schema = manifest_schema()

@@ -42,7 +42,7 @@ def test_the_committed_manifest_schema_is_the_generated_one() -> None:
 def test_every_example_manifest_validates_against_the_schema() -> None:
     schema = manifest_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    manifests = sorted(REPO.glob("examples/**/*.toml"))
+    manifests = sorted(REPO.glob("examples/**/speedtrap.toml"))  # not a plugin's pyproject.toml
     assert manifests, "the examples hold manifests"
     for path in manifests:
         jsonschema.validate(tomllib.loads(path.read_text()), schema)

@@ -168,7 +168,7 @@ def test_a_floor_stored_with_the_reference_recording_sets_the_bound(tmp_path: Pa
     no_bound = _manifest(tmp_path, 'reference = "base.strec"').read_text().replace("bound = 0.1", "")
     (tmp_path / "derived.toml").write_text(no_bound)
     with pytest.raises(ManifestError, match="record --floor"):
-        load_manifest(tmp_path / "derived.toml")
+        _ = load_manifest(tmp_path / "derived.toml").verdict
     with pytest.raises(UsageError, match="holds no noise floor"):
         load_floor(rec)
     add_extension(rec, "floor", _floor_json(0.3))
@@ -179,7 +179,7 @@ def test_a_floor_stored_with_the_reference_recording_sets_the_bound(tmp_path: Pa
     assert load_manifest(_manifest(tmp_path, 'reference = "base.strec"')).verdict.bound == 0.1
     (tmp_path / "live.toml").write_text(no_bound.replace('"base.strec"', '"live"'))
     with pytest.raises(ManifestError, match=r"verdict\.bound is missing"):
-        load_manifest(tmp_path / "live.toml")
+        _ = load_manifest(tmp_path / "live.toml").verdict
 
 
 def test_an_invalid_stored_floor_is_one_line_on_load(tmp_path: Path) -> None:

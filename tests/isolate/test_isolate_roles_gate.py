@@ -140,6 +140,6 @@ def test_the_hunt_asks_the_target_the_way_the_manifest_says(tmp_path: Path) -> N
     recording = SimpleNamespace(divergence=SETTINGS, path=tmp_path / "base.strec")
     limit = Bound("worst.kl_p99", "<=", 0.1)
     failed = Check("divergence worst.kl_p99", "divergence", 1.4, "<= 0.1", False, "", limit)
-    manifest = hunt_manifest(path, recording, [failed])
+    manifest = hunt_manifest(load_manifest(path), recording, [failed])
     assert (manifest.probe.api, manifest.probe.model) == ("vllm", "m")
     assert manifest.probe.reference == str(recording.path) and manifest.verdict.bound == 0.1

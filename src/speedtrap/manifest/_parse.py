@@ -77,7 +77,14 @@ from speedtrap.manifest._spec import (
     VerdictSpec,
 )
 from speedtrap.spec import DEFAULT_BOUND, Bound, parse_probe, polarity
-from speedtrap.stack import TargetSpec, parse_patches, parse_target, resolve_commit_patches
+from speedtrap.stack import (
+    TargetSpec,
+    commit_target_fields,
+    parse_patches,
+    parse_target,
+    resolve_commit_patches,
+    resolve_commits_in,
+)
 
 __all__ = ["TABLES", "load_manifest", "parse_manifest"]
 
@@ -120,16 +127,35 @@ def parse_manifest(
     """
     check_tables(data)
     target: TargetSpec | None = None
+    target_problem: tuple[str, str] | None = None
+    repo: Path | None = None
+    rev: str | None = None
     if "target" in data or "patches" not in data:  # neither: say what is launched first
-        target = parse_target(table(data, "target", required=True), base, path)
+        raw_target = table(data, "target", required=True)
+        try:
+            target = parse_target(raw_target, base, path)
+        except ManifestError as exc:
+            if "patches" not in data or raw_target.get("launch") != [] or "roles" in raw_target:
+                raise
+            # a launch left to fill in (``init --repo --range`` writes ``launch = []``): triage still reads the
+            # patches and their commits; the stages that launch raise this problem when they ask for the target
+            target_problem = (exc.problem, exc.fix)
+            fields = commit_target_fields(raw_target, base)
+            repo, rev = fields["repo"], fields["base"]
     patches = parse_patches(
         data.get("patches"),
         base,
         required=target is None or not target.in_process,
         stack=target.stack if target is not None else None,
     )
-    if target is not None and resolve_commits:
-        target, patches = resolve_commit_patches(target, patches)
+    if target is not None:
+        repo, rev = target.repo, target.base
+        if resolve_commits:
+            target, patches = resolve_commit_patches(target, patches)
+            rev = target.base
+    elif repo is not None:
+        if resolve_commits:
+            repo, rev, patches = resolve_commits_in(repo, rev, patches)
     elif any(p.commit is not None for p in patches):
         raise ManifestError(
             "the manifest's patches are commits but it has no [target] naming their repository",
@@ -174,6 +200,9 @@ def parse_manifest(
         tuple(resources),
         tree=resolve(base, tree) if tree else None,
         verdict_problem=problem,
+        target_problem=target_problem,
+        repo=repo,
+        base=rev,
     )
 
 

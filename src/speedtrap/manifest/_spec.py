@@ -64,10 +64,10 @@ class ProbeSpec:
 class Manifest:
     """A ``speedtrap.toml``, read once (:func:`speedtrap.manifest.load_manifest`) and handed to every stage.
 
-    ``target_spec`` is None for a manifest triage reads alone (``[[patches]]`` and ``tree``): a stage that
-    launches asks for :attr:`target`, which names the missing table. ``verdict_spec`` is None where
-    ``[verdict]`` has no bound and nothing to derive one from (a gate that supplies its own rule still runs):
-    :attr:`verdict` raises the problem found when the manifest was read.
+    ``target_spec`` is None for a manifest triage reads alone (``[[patches]]`` and ``tree``), or whose
+    ``[target]`` cannot launch yet: a stage that launches asks for :attr:`target`, which raises the
+    problem. ``verdict_spec`` is None where ``[verdict]`` has no bound and nothing to derive one from (a gate
+    that supplies its own rule still runs): :attr:`verdict` raises the problem found when it was read.
     """
 
     path: Path | None
@@ -82,11 +82,15 @@ class Manifest:
     resources: tuple[tuple[str, float], ...] = ()  # executor = "ray": what one trial reserves
     tree: Path | None = None  # triage: the source tree the diffs apply to (``tree = ...``)
     verdict_problem: tuple[str, str] | None = None  # (problem, fix) when verdict_spec is None
+    target_problem: tuple[str, str] | None = None  # (problem, fix) of a [target] triage reads past
+    repo: Path | None = None  # commit patches: [target] repo and base (a full sha once resolved)
+    base: str | None = None
 
     @property
     def target(self) -> TargetSpec:
         if self.target_spec is None:
-            raise ManifestError("manifest has no [target] table", "add a [target] table: what is launched")
+            problem, fix = self.target_problem or ("manifest has no [target] table", "add a [target] table")
+            raise ManifestError(problem, fix)
         return self.target_spec
 
     @property

@@ -159,7 +159,7 @@ def from_manifest(manifest: Manifest, tree: Path | None) -> PatchSet:
     """The manifest's patches (read once by :func:`speedtrap.manifest.load_manifest`) with their diffs."""
     path = manifest.path
     target = manifest.target_spec
-    repo = target.repo if target is not None else None
+    repo = manifest.repo
     patches = []
     for mp in manifest_patches(manifest):
         diff = None
@@ -181,8 +181,8 @@ def from_manifest(manifest: Manifest, tree: Path | None) -> PatchSet:
     args = ["--manifest", str(path)] + (["--tree", str(tree)] if tree else [])
     tmp = None
     tree = tree or manifest.tree
-    if tree is None and repo is not None and target is not None and target.base is not None:
-        tmp = _archive(repo, target.base)
+    if tree is None and repo is not None and manifest.base is not None:
+        tmp = _archive(repo, manifest.base)
         tree = Path(tmp.name)
     model = manifest_model(manifest)
     return PatchSet(
