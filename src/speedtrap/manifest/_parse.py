@@ -139,7 +139,7 @@ def parse_manifest(
                 raise
             # a launch left to fill in (``init --repo --range`` writes ``launch = []``): triage still reads the
             # patches and their commits; the stages that launch raise this problem when they ask for the target
-            target_problem = (exc.problem, exc.fix)
+            target_problem = (exc.problem, exc.fix or "fill in [target]")
             fields = commit_target_fields(raw_target, base)
             repo, rev = fields["repo"], fields["base"]
     patches = parse_patches(
