@@ -16,7 +16,7 @@ from speedtrap.data import filler_paragraphs
 from speedtrap.targets._base import InProcessModel
 from speedtrap.targets.smolmoe.weights import DenseWeights
 
-# Measured over 1,0xx tokens of filler text on CPU in float32 (see tests/test_smolmoe.py).
+# Measured over 1,0xx tokens of filler text on CPU in float32 (see tests/targets/test_smolmoe.py).
 MAX_ABS_LOGIT_DIFF_BOUND = 1e-3
 
 

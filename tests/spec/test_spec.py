@@ -30,7 +30,7 @@ from speedtrap.spec import (
     polarity,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_manifest_schema_is_the_generated_one() -> None:
