@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -248,14 +249,22 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def localize_culprits(manifest: Manifest, culprits: list[tuple[str, ...]], folder: Path) -> list[dict[str, object]]:
-    """``--localize`` of bisect and check: each culprit set localized inside the stack; printed, and as JSON."""
-    from speedtrap.localize import localize_manifest, scale_words
+    """``--localize`` of bisect: each culprit set localized inside the stack; printed, and as JSON."""
+    from speedtrap.localize import localize_manifest
 
     if not culprits:
         err_console.print("--localize: no culprit to localize", highlight=False)
         return []
     err_console.print(f"localizing {len(culprits)} culprit set(s) inside the stack (one launch at a time)")
-    found = localize_manifest(manifest, culprits, folder)
+    return print_localized(localize_manifest(manifest, culprits, folder))
+
+
+def print_localized(found: Sequence[StackLocalization]) -> list[dict[str, object]]:
+    """Each culprit's live localize on one line (and as JSON): first divergent module, exponents, where measured."""
+    from speedtrap.localize import scale_words
+
+    if not found:
+        err_console.print("--localize: no culprit to localize", highlight=False)
     out: list[dict[str, object]] = []
     for live in found:
         shown = live.shown

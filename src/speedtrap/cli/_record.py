@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from speedtrap._errors import SpeedtrapError, UsageError
+from speedtrap._errors import UsageError
 from speedtrap.cli._app import app, check_app, emit_json, err_console, out_console, user_errors
 from speedtrap.cli._options import (
     ApiOpt,
@@ -38,9 +36,7 @@ from speedtrap.cli._probe_common import (
 from speedtrap.cli._repeat import store_floor
 
 if TYPE_CHECKING:
-    from speedtrap.manifest import Manifest
     from speedtrap.probe import AgainstRecording, Backend, RecallComparison, Recording
-    from speedtrap.spec import Bound
 
 PROBES = ("divergence", "recall", "all")
 
@@ -261,7 +257,8 @@ def check_callback(
 
     written = load_manifest(manifest) if manifest is not None else None  # read once, handed to every stage
     from speedtrap.probe import resolve_settings
-    from speedtrap.regress import junit_xml
+    from speedtrap.progress import LineProgress
+    from speedtrap.regress import GateRequest, junit_xml, run_gate
     from speedtrap.spec import Bound
 
     recording = load_recording(against)
@@ -272,82 +269,40 @@ def check_callback(
     kinds = recording.kinds if probe == "all" else [probe]
     for kind in kinds:
         resolve_settings(recording, kind, None)
-    launched = None
-    if target is None:
-        from speedtrap.regress import launch_build
-
-        assert written is not None
-        folder = run_dir if run_dir is not None else Path(tempfile.mkdtemp(prefix="speedtrap-check-"))
-        launched, cand, _ = launch_build(written, config, folder / "build", None if api == "openai" else api, model)
-        target = f"http://127.0.0.1:{launched.port}"
-    try:
-        if launched is None:
-            cand = candidate_backend(target, model, api, patches, set_, concurrency, timeout, retries)
-        result = _gate(recording, cand, kinds, bounds, margin, target)
-    finally:
-        if launched is not None:
-            launched.stop()  # before any hunt: one stack alive at a time
-    if not result.passed and bisect_on_fail and stop_command is not None:
-        from speedtrap.regress import stop_url
-
-        stop_url(stop_command, target)
+    request = GateRequest(
+        kinds, bounds, margin, target, config, None if api == "openai" else api, model,
+        bisect_on_fail, stop_command, localize, run_dir,
+    )  # fmt: skip
+    run = run_gate(
+        recording,
+        request,
+        written,
+        lambda: candidate_backend(str(target), model, api, patches, set_, concurrency, timeout, retries),
+        LineProgress(err_console),
+        lambda line: err_console.print(line, highlight=False, markup=False),
+    )
+    result, hunt = run.result, run.hunt
     if junit is not None:
         try:
             junit.parent.mkdir(parents=True, exist_ok=True)
             junit.write_text(junit_xml(result), encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot write --junit {str(junit)!r}: {exc.strerror}", "pass a writable path") from None
-    hunt, hunt_error = None, None
     localized = None
-    if not result.passed and bisect_on_fail:
-        assert written is not None
-        try:
-            hunt = _hunt(written, recording, result, run_dir, getattr(cand, "model", None))
-            if localize:
-                from speedtrap.cli._localize import localize_culprits
+    if run.localized is not None:
+        from speedtrap.cli._localize import print_localized
 
-                folder = (run_dir or Path(tempfile.mkdtemp(prefix="speedtrap-check-"))) / "localize"
-                localized = localize_culprits(written, [tuple(c) for c in hunt.culprit_names], folder)
-        except SpeedtrapError as exc:  # the regression stands (exit 1); the hunt's error is said beside it
-            hunt_error = exc.one_line()
+        localized = print_localized(run.localized)
     if json:
         doc = {**result.to_json(), "bisect": hunt.to_json() if hunt is not None else None}
         if localize:
             doc["localize"] = localized
-        emit_json({**doc, "bisect_error": hunt_error} if hunt_error is not None else doc)
+        emit_json({**doc, "bisect_error": run.hunt_error} if run.hunt_error is not None else doc)
     else:
         _print_gate(result, hunt)
-        if hunt_error is not None:
-            err_console.print(f"the hunt after the regression failed: {hunt_error}", highlight=False, markup=False)
+        if run.hunt_error is not None:
+            err_console.print(f"the hunt after the regression failed: {run.hunt_error}", highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
-
-
-def _gate(
-    recording: Recording, cand: Backend, kinds: list[str], bounds: list[Bound], margin: float, target: str
-) -> Any:
-    from speedtrap.probe import run_against
-    from speedtrap.regress import GateResult, judge_divergence, judge_recall
-
-    started = time.perf_counter()
-    measured = run_against(recording, cand, kinds, progress=True)
-    checks = []
-    if measured.divergence is not None:
-        checks += judge_divergence(measured.divergence, bounds)
-    if measured.recall is not None:
-        checks += judge_recall(measured.recall, margin)
-    reading = measured.divergence.reading() if measured.divergence is not None else None
-    elapsed = time.perf_counter() - started
-    return GateResult(recording.path, target, checks, measured.notes, measured.to_json(), elapsed, reading)
-
-
-def _hunt(manifest: Manifest, recording: Recording, result: Any, run_dir: Path | None, model: Any) -> Any:
-    from speedtrap.regress import bisect_manifest
-
-    err_console.print("regression: searching the culprit patches (--bisect-on-fail)", highlight=False)
-
-    from speedtrap.progress import LineProgress
-
-    return bisect_manifest(manifest, recording, result.failures(), run_dir, LineProgress(err_console), model)
 
 
 def _print_gate(result: Any, hunt: Any) -> None:

@@ -12,13 +12,16 @@ from speedtrap.regress._check import (
     judge_recall,
     junit_xml,
 )
+from speedtrap.regress._gate import GateRequest, GateRun, measure, run_gate
 from speedtrap.regress._hunt import bisect_manifest, hunt_manifest, manifest_without_rule
 
 __all__ = [
     "DEFAULT_BOUNDS",
     "Bound",
     "Check",
+    "GateRequest",
     "GateResult",
+    "GateRun",
     "bisect_manifest",
     "build_config",
     "hunt_manifest",
@@ -27,5 +30,7 @@ __all__ = [
     "junit_xml",
     "launch_build",
     "manifest_without_rule",
+    "measure",
+    "run_gate",
     "stop_url",
 ]
