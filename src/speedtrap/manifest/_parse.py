@@ -135,10 +135,12 @@ def parse_manifest(
         try:
             target = parse_target(raw_target, base, path)
         except ManifestError as exc:
-            if "patches" not in data or raw_target.get("launch") != [] or "roles" in raw_target:
+            unlaunched = not raw_target.get("launch") and "name" not in raw_target and "roles" not in raw_target
+            if "patches" not in data or not unlaunched:
                 raise
-            # a launch left to fill in (``init --repo --range`` writes ``launch = []``): triage still reads the
-            # patches and their commits; the stages that launch raise this problem when they ask for the target
+            # no launch yet (``init --repo --range`` writes ``launch = []``; a [target] may hold only the repo
+            # and base triage reads): triage still reads the patches and their commits; the stages that launch
+            # raise this problem when they ask for the target
             target_problem = (exc.problem, exc.fix or "fill in [target]")
             fields = commit_target_fields(raw_target, base)
             repo, rev = fields["repo"], fields["base"]
