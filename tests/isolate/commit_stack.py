@@ -169,3 +169,102 @@ def toml_text(tables: dict[str, dict[str, Any]], patches: Sequence[dict[str, Any
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in p.items())
         lines.append("")
     return "\n".join(lines)
+
+
+# -- a release window: N commits, ground truth by construction ---------------------------------
+
+WINDOW_CASES = ("single", "pair", "conflict")
+
+WINDOW_MODEL = '''"""A toy MoE combine: the routed output is scaled once."""
+
+SCALE = 2.5
+
+GATE = 0
+ROUTE_SCALED = False
+
+PAIR_A = False
+
+PAIR_B = False
+
+
+def route(x: float) -> float:
+    if ROUTE_SCALED or (PAIR_A and PAIR_B):
+        return x * SCALE
+    return x
+
+
+def helper(x: float) -> float:
+    return x
+
+
+def combine(x: float) -> float:
+    return helper(route(x)) * SCALE
+'''
+
+
+@dataclass(frozen=True)
+class Window:
+    """A linear history base..HEAD of ``n`` commits; ``culprits``: the subjects whose commits break it."""
+
+    repo: Path
+    base: str
+    shas: tuple[str, ...]  # history order
+    subjects: tuple[str, ...]
+    culprits: tuple[str, ...]  # subjects: one (single, conflict) or the two that fail only together (pair)
+    case: str
+
+
+def window_positions(n: int, case: str) -> dict[str, int]:
+    """Where the constructed commits sit in a window of ``n`` (0-based): fixed, so runs compare."""
+    if case == "single":
+        return {"culprit": (7 * n) // 10}
+    if case == "pair":
+        return {"pair_a": n // 4, "pair_b": (3 * n) // 4}
+    if case == "conflict":  # a gate flipped, the flip reverted, then the culprit on the line next to it
+        return {"flip": n // 4, "revert": n // 2, "culprit": (3 * n) // 4}
+    raise ValueError(f"case {case!r}: choose from {WINDOW_CASES}")
+
+
+def make_window(root: Path, n: int, case: str) -> Window:
+    """A repository whose HEAD fails: ``n`` commits after the base, harmless ones editing knobs.
+
+    Harmless commits each edit their own line of ``stack/knobs.py`` (lines two apart, so any
+    subset cherry-picks cleanly); the constructed ones edit ``stack/model.py``:
+    single: ``ROUTE_SCALED = True`` (the scale applied twice); pair: ``PAIR_A`` and ``PAIR_B``
+    (the scale applied twice only when both are on); conflict: ``GATE = 1``, later ``GATE = 0``
+    again, later ``ROUTE_SCALED = True`` on the next line (the culprit and the flip do not
+    cherry-pick together onto the base; every prefix of the history applies).
+    """
+    places = window_positions(n, case)
+    if len(set(places.values())) != len(places) or max(places.values()) >= n:
+        raise ValueError(f"a {case} window needs more than {n} commits")
+    repo = root / f"window-{case}-{n}"
+    (repo / "stack").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "stack" / "__init__.py").write_text("")
+    (repo / "stack" / "model.py").write_text(WINDOW_MODEL)
+    (repo / "stack" / "server.py").write_text(SERVER)
+    (repo / "stack" / "knobs.py").write_text("".join(f"KNOB_{i} = 0\n\n" for i in range(n)))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base: the stack")
+    base = git(repo, "rev-parse", "HEAD")
+    edits = {
+        "culprit": ("ROUTE_SCALED = False\n", "ROUTE_SCALED = True\n", "router: apply the routed scale in the router"),
+        "pair_a": ("PAIR_A = False\n", "PAIR_A = True\n", "router: enable fused path A"),
+        "pair_b": ("PAIR_B = False\n", "PAIR_B = True\n", "router: enable fused path B"),
+        "flip": ("GATE = 0\n", "GATE = 1\n", "model: flip the gate"),
+        "revert": ("GATE = 1\n", "GATE = 0\n", 'Revert "model: flip the gate"'),
+    }
+    at = {i: key for key, i in places.items()}
+    shas, subjects = [], []
+    for i in range(n):
+        if i in at:
+            old, new, subject = edits[at[i]]
+            path = "stack/model.py"
+        else:
+            old, new, subject = f"KNOB_{i} = 0\n", f"KNOB_{i} = {i + 1}\n", f"knobs: tune knob {i}"
+            path = "stack/knobs.py"
+        shas.append(commit_edit(repo, path, old, new, subject))
+        subjects.append(subject)
+    culprits = tuple(edits[k][2] for k in places if k in ("culprit", "pair_a", "pair_b"))
+    return Window(repo, base, tuple(shas), tuple(subjects), culprits, case)

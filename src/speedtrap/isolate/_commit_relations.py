@@ -4,6 +4,10 @@
   which pairs do not apply together (``conflicts``), by cherry-picking in memory: no launch.
 - :class:`ApplyingJudge`: the search's judge, which answers a subset whose commits do not apply
   with ``skipped`` ("conflicts"), like a declared conflict, never as a failure of the stack.
+- :func:`window_order`: whether the patches are a *commit window* (every patch one commit, together
+  the linear history base..HEAD). A window is not scanned up front (the pairwise scan grows as N^2
+  and drops a culprit that conflicts with an earlier commit on the base): the search bisects its
+  prefixes, which always apply, and a subset that does not apply is skipped when it is asked for.
 
 The worktrees themselves (one per subset) are the stack's: :class:`speedtrap.stack.Worktrees`.
 """
@@ -14,6 +18,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from speedtrap.isolate._results import CommitPatch, Conclusion, Config, Judgement, PatchRelation
+from speedtrap.spec import GateKind
 from speedtrap.stack import PatchSpec, TargetSpec, Worktrees, git
 
 Judge = Callable[[Sequence[Config]], list[Judgement]]
@@ -21,13 +26,14 @@ MAX_DIFF_CHARS = 60_000  # per commit patch kept in the result (and the report)
 
 
 def scan_relations(
-    patches: Sequence[PatchSpec], applies: Callable[[Iterable[str]], bool]
+    patches: Sequence[PatchSpec], applies: Callable[[Iterable[str]], bool], pairs: bool = True
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], dict[str, str], list[PatchRelation]]:
     """Requires / conflicts between commit patches, read off by applying subsets (no launch).
 
     A patch that does not apply on the base alone requires a 1-minimal set of earlier patches on
     top of which it applies; two patches that apply alone (with what they require) but not
     together conflict. A patch that applies on no earlier set is left out (``unusable``).
+    ``pairs=False``: the requires only (linear in the patches), no pairwise conflicts.
     Returns (requires, conflicts, unusable, relations).
     """
     commit = [p for p in patches if p.commits]
@@ -71,7 +77,7 @@ def scan_relations(
             )
         )
     conflicts: dict[str, set[str]] = {}
-    usable = [p.name for p in commit if p.name not in unusable]
+    usable = [p.name for p in commit if p.name not in unusable] if pairs else []
     for i, a in enumerate(usable):
         for b in usable[i + 1 :]:
             if not applies(closure([a, b])):
@@ -120,6 +126,31 @@ def declared_relations(patches: Sequence[PatchSpec]) -> list[PatchRelation]:
     return out + [PatchRelation("conflicts", p.name, p.conflicts, "manifest") for p in patches if p.conflicts]
 
 
+def window_order(target: TargetSpec, patches: Sequence[PatchSpec]) -> list[str] | None:
+    """The patch names in history order when the patches are a linear commit window, else None.
+
+    A window: every patch is one commit (no switch, not ungated, not split across roles), and the
+    commits, in history order, each have the previous one (the first: the base) as their only parent.
+    One ``git log`` call for the whole window.
+    """
+    if target.repo is None or target.base is None or len(patches) < 2:
+        return None
+    if any(len(p.commits) != 1 or p.gate.kind is not GateKind.COMMIT or p.roles for p in patches):
+        return None
+    ordered = sorted(patches, key=lambda p: p.commit_rank[0] if p.commit_rank else 0)
+    shas = [p.commits[0] for p in ordered]
+    if len(set(shas)) != len(shas):
+        return None
+    listing = git(["log", "--no-walk=unsorted", "--format=%H %P", *shas], cwd=target.repo)
+    parents = {line.split()[0]: line.split()[1:] for line in listing.splitlines() if line.strip()}
+    expected = str(target.base)
+    for sha in shas:
+        if parents.get(sha) != [expected]:
+            return None
+        expected = sha
+    return [p.name for p in ordered]
+
+
 @dataclasses.dataclass
 class CommitRelations:
     """What a run's commit patches add to the search: relations, left-out patches, and the judge wrapper."""
@@ -130,6 +161,7 @@ class CommitRelations:
     unusable: dict[str, str] = dataclasses.field(default_factory=dict)
     relations: list[PatchRelation] = dataclasses.field(default_factory=list)
     wrapped: ApplyingJudge | None = None
+    window: list[str] | None = None  # a linear commit window: the patches in history order (not scanned)
 
     @classmethod
     def read(cls, target: TargetSpec, patches: Sequence[PatchSpec]) -> CommitRelations:
@@ -138,11 +170,22 @@ class CommitRelations:
             return cls()
         worktrees = Worktrees(target, patches)
         try:
+            window = window_order(target, patches)
+            if window is not None:
+                return cls(worktrees, window=window)
             requires, conflicts, unusable, relations = scan_relations(patches, worktrees.applies)
         except BaseException:
             worktrees.close()
             raise
         return cls(worktrees, requires, conflicts, unusable, relations)
+
+    def read_window_requires(self, patches: Sequence[PatchSpec]) -> None:
+        """A window's ``requires`` (which commits apply on the base only on top of earlier ones), read
+        after its hunt for the report: the hunt needs none of them (it bisects prefixes)."""
+        if self.window is None or self.worktrees is None:
+            return
+        _requires, _conflicts, _unusable, relations = scan_relations(patches, self.worktrees.applies, pairs=False)
+        self.relations = relations
 
     def judge(self, judge: Judge) -> Judge:
         if self.worktrees is None:

@@ -163,6 +163,8 @@ def _isolate(
             raise ManifestError(f"search.prior[{i}] names no patch: {name!r}", f"choose from: {', '.join(names)}")
     commits = CommitRelations.read(manifest.target, patches)
     searchable = [p.name for p in patches if not p.ungated and p.name not in commits.unusable]
+    if commits.window is not None:
+        searchable = list(commits.window)
     ungated = tuple(p.name for p in patches if p.ungated)
     requires, conflicts = merged(patches, commits.requires, commits.conflicts)
     relations = Relations(requires=requires, conflicts=_symmetric(conflicts))
@@ -205,12 +207,14 @@ def _isolate(
             check_interactions=check_interactions,
             progress=hooks.on_search,
             recheck=evaluator.recheck if manifest.verdict.repeats > 0 else None,
+            history=commits.window is not None,
         )
         try:
             result = search.run()
         except SpeedtrapError:
             store.finish_run(run_id, "aborted", None)
             raise
+        commits.read_window_requires(patches)
         notes = [*result.notes, *commits.notes(), *evaluator.notes]
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))

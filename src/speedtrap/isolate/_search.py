@@ -37,6 +37,17 @@ Discovery stops at ``max_trials`` configurations (3n + 30 per trial slot): verdi
 each other (noise near the bound, or a stack with countless minimal sets) would otherwise keep it
 finding new "sets"; the result then says so and the interaction checks are skipped.
 
+A *commit window* (``history=True``: the patches are the commits of a linear history base..HEAD,
+in that order) is searched like ``git bisect``, because a prefix of a history always applies and
+a subset of its commits cherry-picked onto the base need not: a binary search over the prefixes
+finds the first commit at which the window fails (prefix k-1 passes, prefix k fails); the ends
+(the base, HEAD) are measured only when the search reaches them, as ``git bisect`` is told them.
+Then that commit alone on the base: it fails (a single culprit), or it passes (it fails only with
+earlier commits: those are found by the same bisection over the earlier commits' prefixes with it
+added, and the set is tested alone), or it does not apply alone (said so). A culprit on the last
+commit costs one launch more (HEAD's); every other costs at most ceil(log2 N) + 1 launches. As
+``git bisect``, the hunt names the first failing commit and does not search the commits after it.
+
 Pass verdicts are extended to subsets (monotonicity) only to skip trials inside discovery; the
 checks in step 3 test the configurations that monotonicity would otherwise assume. With capacity
 above 1 the bisection tests several split points per round; with capacity 1 it tests exactly one.
@@ -91,6 +102,7 @@ class Search:
         recheck: Callable[[Config], Judgement] | None = None,
         plan: str = "auto",
         max_trials: int | None = None,
+        history: bool = False,
     ) -> None:
         if plan not in PLANS:
             raise UsageError(f"search plan must be one of {', '.join(PLANS)}, got {plan!r}", "pass plan='auto'")
@@ -103,6 +115,12 @@ class Search:
         self.memo: dict[Config, Judgement] = {}
         self.considered: list[Judgement] = []
         self.notes: list[str] = []
+        self.history = history
+        if history:  # a commit window: its history order is what makes every prefix apply
+            if prior:
+                self.notes.append("search.prior is not used on a commit window: its history order is bisected")
+            prior = ()
+            plan = "bisect"
         self.order, self.not_searched = self.relations.plan(patches, prior)
         ranks = {name: i for i, name in enumerate(self.order)}
         self.weights = {n: 1.0 / (ranks[n] + 1) ** 2 if prior else 1.0 for n in self.order}
@@ -177,6 +195,8 @@ class Search:
         order = self.order
         if not order:
             return self._stop(Status.FULL_PASSES, "no patch can be switched: nothing to search")
+        if self.history:
+            return self._run_window(order)
         # With spare slots: the full set, then single patches (likely suspects first) in the same round.
         base = self.consider_ahead([()], [order, *([p] for p in order)])[0]
         if base.verdict is not Conclusion.PASS:
@@ -208,6 +228,81 @@ class Search:
         finally:
             self._discovering = False
         return self._conclude(order, found)
+
+    def _run_window(self, order: list[str]) -> IsolateResult:
+        """A commit window, as ``git bisect`` does it: the first failing prefix, then its last commit alone."""
+        n = len(order)
+        prefix = [self.canonical(order[:i]) for i in range(n + 1)]
+        lo, hi = 0, n  # prefix lo passes and prefix hi fails, once the ends are measured
+        while hi - lo > 1:
+            self._report(hi - lo, "bisect")
+            mid = (lo + hi) // 2
+            verdict = self.consider(prefix[mid]).verdict
+            if verdict is Conclusion.FAIL:
+                hi = mid
+            elif verdict is Conclusion.PASS:
+                lo = mid
+            else:
+                why = self.memo[prefix[mid]].note
+                return self._stop(
+                    _status(verdict),
+                    f"the window's first {mid} commit(s) (up to {order[mid - 1]}) are {verdict.value}"
+                    f"{f' ({why})' if why else ''}: the bisection cannot go on",
+                )
+        if lo == 0:
+            base = self.consider(()).verdict
+            if base is Conclusion.FAIL:
+                return self._stop(Status.BASELINE_FAILS, "the baseline (no patch on) already fails: no patch to blame")
+            if base is not Conclusion.PASS:
+                return self._stop(_status(base), f"the baseline's verdict is {base.value}: cannot search")
+        if hi == n:
+            head = self.consider(prefix[n]).verdict
+            if head is Conclusion.PASS:
+                return self._stop(Status.FULL_PASSES, "the full set of patches does not fail: nothing to isolate")
+            if head is not Conclusion.FAIL:
+                return self._stop(_status(head), f"the full set's verdict is {head.value}: cannot search")
+        first = order[hi - 1]
+        where = f"{first} is the first commit at which the window fails (the {hi - 1} before it pass, with it: fail)"
+        alone = self.consider([first])
+        if alone.verdict is Conclusion.FAIL:
+            return self._finish([CulpritSet((first,), True, f"fails alone on the base; {where}")], [])
+        if alone.verdict is Conclusion.SKIPPED:
+            note = f"{where}; it does not cherry-pick onto the base without earlier commits, so it is not tested alone"
+            self.notes.append(note)
+            return self._finish([CulpritSet((first,), True, note)], [])
+        if alone.verdict is not Conclusion.PASS:
+            note = f"{where}; alone on the base its verdict is {alone.verdict.value}"
+            return self._finish([CulpritSet((first,), True, note)], [])
+        # It passes alone: it fails only with earlier commits. Bisect their prefixes with it added.
+        earlier = order[: hi - 1]
+        try:
+            partners = self._minimal([first], earlier, _fails, infer=False) or []
+        except _OverBudget:
+            partners = []
+        m = self.canonical([first, *partners])
+        if partners and self.consider(m).verdict is Conclusion.FAIL:
+            names = sorted(m, key=self._pos.__getitem__)
+            others = [x for x in names if x != first]
+            note = (
+                f"the set fails on the base; {where}, and passes alone: it fails only with {' + '.join(others)} "
+                f"(each earlier one is in the passing first {hi - 1} commits)"
+            )
+            joint = Interaction(
+                InteractionKind.JOINT,
+                m,
+                (m,),
+                (self.canonical([first]),),
+                f"{' + '.join(names)} fail only together: {first} alone passes, and so do the earlier commits",
+            )
+            return self._finish([CulpritSet(m, True, note)], [joint])
+        note = (
+            f"{where}; alone on the base it passes: it fails only with earlier commits, which could not be "
+            "narrowed (their subsets with it do not cherry-pick onto the base, or do not fail)"
+        )
+        self.notes.append(note)
+        return self._finish(
+            [CulpritSet((first,), False, note)], [], Status.INCONCLUSIVE, f"first failing commit: {first} ({note})"
+        )
 
     def _discover(self, order: list[str], found: list[Config]) -> None:
         """Append every minimal failing set found to ``found`` (kept there if the trial limit stops it)."""

@@ -233,6 +233,21 @@ class CommitTrees:
         self._lock = threading.Lock()
         self._trees: dict[tuple[str, ...], str | None] = {(): self._tree_of(base)}
         self._picks: dict[str, tuple[str, str]] = {}
+        self._own: dict[str, tuple[str, str]] = {}  # commit -> (its tree, its parent's tree)
+
+    def prime(self, commits: Sequence[str]) -> None:
+        """Read every commit's tree and its parent's tree in one git call (the prefix fast path's)."""
+        todo = [c for c in dict.fromkeys(commits) if c not in self._own]
+        if not todo:
+            return
+        args = [rev for c in todo for rev in (f"{c}^{{tree}}", f"{c}^^{{tree}}")]
+        done = run_git(["rev-parse", *args], git_dir=self.git_dir, check=False)
+        lines = done.stdout.split()
+        if done.returncode != 0 or len(lines) != len(args):  # a root commit (no parent): one at a time
+            return
+        with self._lock:
+            for i, c in enumerate(todo):
+                self._own[c] = (lines[2 * i], lines[2 * i + 1])
 
     def _git(self, *args: str, check: bool = True) -> str:
         return git(list(args), git_dir=self.git_dir, check=check)
@@ -245,7 +260,14 @@ class CommitTrees:
         return self._git("commit-tree", tree, *extra, "-m", message).strip()
 
     def _pick(self, onto: str, commit: str) -> str | None:
-        """The tree of ``onto`` with ``commit`` cherry-picked (3-way, merge base: its parent), or None."""
+        """The tree of ``onto`` with ``commit`` cherry-picked (3-way, merge base: its parent), or None.
+
+        Onto its own parent's tree the pick is the commit's tree (no merge): a prefix of a linear
+        history costs no git call once :meth:`prime` has read the trees.
+        """
+        own = self._own.get(commit)
+        if own is not None and own[1] == onto:
+            return own[0]
         if commit not in self._picks:
             parent = self._synthetic(self._tree_of(f"{commit}^"), None)
             self._picks[commit] = (parent, self._synthetic(self._tree_of(commit), parent))

@@ -118,6 +118,7 @@ class Worktrees:
             raise ManifestError("commit patches need target.repo and target.base", "add them to [target]")
         self.patches = tuple(patches)
         self.trees = CommitTrees(target.repo, target.base, root or cache_root() / "worktrees")
+        self.trees.prime([sha for p in self.patches for sha in p.commits])
         self._paths: dict[tuple[str, ...], Path] = {}
         self._lock = threading.Lock()
 
