@@ -173,7 +173,7 @@ def toml_text(tables: dict[str, dict[str, Any]], patches: Sequence[dict[str, Any
 
 # -- a release window: N commits, ground truth by construction ---------------------------------
 
-WINDOW_CASES = ("single", "pair", "conflict")
+WINDOW_CASES = ("single", "pair", "conflict", "none")
 
 WINDOW_MODEL = '''"""A toy MoE combine: the routed output is scaled once."""
 
@@ -222,11 +222,13 @@ def window_positions(n: int, case: str) -> dict[str, int]:
         return {"pair_a": n // 4, "pair_b": (3 * n) // 4}
     if case == "conflict":  # a gate flipped, the flip reverted, then the culprit on the line next to it
         return {"flip": n // 4, "revert": n // 2, "culprit": (3 * n) // 4}
+    if case == "none":  # every commit harmless: HEAD passes
+        return {}
     raise ValueError(f"case {case!r}: choose from {WINDOW_CASES}")
 
 
 def make_window(root: Path, n: int, case: str) -> Window:
-    """A repository whose HEAD fails: ``n`` commits after the base, harmless ones editing knobs.
+    """A repository whose HEAD fails (but for case "none"): ``n`` commits after the base, harmless ones editing knobs.
 
     Harmless commits each edit their own line of ``stack/knobs.py`` (lines two apart, so any
     subset cherry-picks cleanly); the constructed ones edit ``stack/model.py``:
@@ -236,7 +238,7 @@ def make_window(root: Path, n: int, case: str) -> Window:
     cherry-pick together onto the base; every prefix of the history applies).
     """
     places = window_positions(n, case)
-    if len(set(places.values())) != len(places) or max(places.values()) >= n:
+    if len(set(places.values())) != len(places) or max(places.values(), default=0) >= n:
         raise ValueError(f"a {case} window needs more than {n} commits")
     repo = root / f"window-{case}-{n}"
     (repo / "stack").mkdir(parents=True)

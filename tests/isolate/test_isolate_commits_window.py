@@ -95,3 +95,14 @@ def test_pair_that_fails_only_together_is_named(tmp_path: Path) -> None:
     # git bisect takes ceil(log2 n) steps and names the later commit alone; both are named here, in
     # the prefixes' bisection, the later commit alone, the earlier prefixes with it, and the pair alone.
     assert result.launches <= 2 * math.ceil(math.log2(n)) + 2
+
+
+def test_a_window_whose_head_passes_says_so(tmp_path: Path) -> None:
+    n = 8
+    win = make_window(tmp_path, n, "none")
+    result = isolate(load_manifest(window_manifest(win, tmp_path / "speedtrap.toml")), tmp_path / "run")
+    assert result.status is Status.FULL_PASSES, result.summary()
+    assert result.culprits == ()
+    # Every prefix the bisection tried passed, and HEAD itself was measured before saying so.
+    assert tuple(sorted(_name(i) for i in range(n))) in [j.config for j in result.judgements]
+    assert result.launches <= math.ceil(math.log2(n)) + 1
