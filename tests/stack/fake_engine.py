@@ -30,14 +30,14 @@ def serve() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/seen":
                 env = {k: v for k, v in os.environ.items() if k.startswith(("SGLANG_", "SPEEDTRAP_", "FAKE_"))}
                 self._send({"argv": sys.argv, "env": env, "imports": where})
             else:
                 self._send({"ok": True})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             self.rfile.read(length)
             self._send({"choices": [{"text": "x", "index": 0}], "text": "x"})

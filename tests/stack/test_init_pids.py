@@ -92,7 +92,17 @@ class HandStack:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SPEEDTRAP_"))}
         env = {**base, "PYTHONPATH": f"{self.repo}{os.pathsep}{self.site}", "SGLANG_USE_CPU_ENGINE": "1"}
         py = sys.executable
-        server = [py, "-m", "sglang.launch_server", "--model-path", "../model", "--device", "cpu", "--host", "127.0.0.1"]
+        server = [
+            py,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "../model",
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+        ]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.procs["prefill"] = subprocess.Popen(
             [*server, "--port", str(self.ports["prefill"]), "--disaggregation-mode", "prefill",
