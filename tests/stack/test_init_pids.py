@@ -232,6 +232,9 @@ def test_bad_input_is_one_line_and_nothing_written(hand: HandStack, tmp_path: Pa
     assert "'nope' is not a commit" in line
     line = _bad(["--pid", pid, "--pid", str(hand.procs["decode"].pid)], tmp_path)
     assert "none is a router" in line
+    if shutil.which("ssh") is not None:  # a host that does not resolve: named, with the fix
+        line = _bad(["--pid", pid, "--ssh", "no-such-host.invalid"], tmp_path)
+        assert "ssh to no-such-host.invalid failed" in line and "BatchMode" in line
 
 
 def test_environ_unreadable_names_the_pid(hand: HandStack, tmp_path: Path) -> None:

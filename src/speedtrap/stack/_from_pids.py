@@ -23,6 +23,7 @@ from speedtrap.stack._procs import ROUTER, Process, Source, find_source, flag_va
 from speedtrap.stack._rewrite import (
     Switch,
     drop_secrets,
+    is_number,
     is_switch_env,
     port_flags,
     rewrite,
@@ -125,7 +126,7 @@ def _name_roles(procs: Sequence[Process]) -> list[tuple[str, Process]]:
         role = p.engine.role
         if role in ("kv_both", "server") and len(servers) > 1:
             own = flag_value(p.argv[p.engine.program :], "--port")
-            role = by_port.get(int(own), "server") if own and own.isdigit() else "server"
+            role = by_port.get(int(own), "server") if own and is_number(own) else "server"
         named.append((role, p))
     named += [(ROUTER, r) for r in routers]
     named.sort(key=lambda x: _ORDER.get(x[0], 5))
@@ -143,7 +144,7 @@ def rewrite_port(url: str | None) -> int | None:
         return None
     hostport = url.split("://", 1)[1].split("/", 1)[0]
     tail = hostport.rsplit(":", 1)[-1] if ":" in hostport else ""
-    return int(tail) if tail.isdigit() else None
+    return int(tail) if is_number(tail) else None
 
 
 def _model_arg(proc: Process) -> str | None:
@@ -385,10 +386,11 @@ def _launch(r: _Role, ports: Mapping[int, str], model: str | None, ssh: str | No
         argv = ["{model}" if a == model else a for a in argv]
     if r.proc.cpus is not None:
         argv = ["taskset", "-c", r.proc.cpus, *argv]
-    if ssh is not None:  # the role runs on the host it was read on: its env travels in the command
+    if ssh is not None:  # the role runs on the host it was read on: its env travels in the command; -tt: the
+        # remote server gets SIGHUP when the launcher stops the ssh client
         env = [f"{k}={rewrite(v, ports, model_arg)}" for k, v in r.env.items()]
         remote = ["cd", r.proc.cwd, "&&", "env", *env, *argv]
-        argv = ["ssh", "-o", "BatchMode=yes", "--", ssh, " ".join(shlex.quote(a) for a in remote[3:])]
+        argv = ["ssh", "-tt", "-o", "BatchMode=yes", "--", ssh, " ".join(shlex.quote(a) for a in remote[3:])]
         argv[-1] = f"cd {shlex.quote(r.proc.cwd)} && exec " + argv[-1]
     return argv
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from speedtrap._redact import is_secret, secret_name
 
-_URL_PORT = re.compile(r"(?<=:)(\d{1,5})(?=/|$)")
+_URL_PORT = re.compile(r"(?<=:)([0-9]{1,5})(?=/|$)")
 _PORT_FLAG = re.compile(r"^--([a-z0-9-]*-)?port$")
 
 # An engine's speed switches (flag -> how many values it takes): set in a running launch, each one becomes a
@@ -66,6 +66,11 @@ SWITCH_ENV = frozenset(
 )
 _SETTING_SUFFIXES = ("_DIR", "_VENV", "_MODEL", "_PATH", "_HOME", "_URL", "_KEY", "_TOKEN")
 _FALSY = {"", "0", "false", "no", "off"}
+
+
+def is_number(text: str) -> bool:
+    """A plain ASCII number (``str.isdigit`` also takes superscripts and other scripts' digits)."""
+    return text.isascii() and text.isdigit()
 
 
 def is_switch_env(key: str, value: str) -> bool:
@@ -156,7 +161,7 @@ def port_flags(argv: Sequence[str]) -> list[tuple[str, int]]:
         if not _PORT_FLAG.match(flag):
             continue
         text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if not text.isdigit():
+        if not is_number(text):
             continue
         words = flag[2:].split("-")[:-1]
         out.append((words[-1] if words else "port", int(text)))
@@ -179,7 +184,7 @@ def rewrite(text: str, ports: Mapping[int, str], model: str | None, bare: bool =
     model path or (``bare``) to a port number, a ``--flag=`` value, or a URL's ``:PORT``."""
     if model is not None and text == model:
         return "{model}"
-    if bare and text.isdigit() and int(text) in ports:
+    if bare and is_number(text) and int(text) in ports:
         return "{" + ports[int(text)] + "}"
     if text.startswith("-") and "=" in text:
         flag, value = text.split("=", 1)
@@ -202,6 +207,7 @@ __all__ = [
     "SWITCH_FLAGS",
     "Switch",
     "drop_secrets",
+    "is_number",
     "is_switch_env",
     "port_flags",
     "rewrite",
