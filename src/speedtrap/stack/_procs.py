@@ -147,9 +147,7 @@ def classify(argv: tuple[str, ...]) -> Engine | None:
         return Engine("vllm", SERVER, role, after)
     if what in ("llama-server", "llama_cpp.server"):
         return Engine("llama.cpp", SERVER, SERVER, after)
-    if what in ("speedtrap", "__main__.py") and rest[:1] == ("serve",):
-        return Engine("speedtrap", SERVER, SERVER, after)
-    if what == "speedtrap" and rest[:1] == ("serve",):
+    if what == "speedtrap" and rest[:1] == ("serve",):  # the console script, or python -m speedtrap
         return Engine("speedtrap", SERVER, SERVER, after)
     if flag_value(rest, "--prefill") is not None and flag_value(rest, "--decode") is not None:
         return Engine("proxy", ROUTER, ROUTER, after)  # a PD proxy (vLLM's examples' toy proxies, your own)
