@@ -57,6 +57,7 @@ class _Role:
     port: int | None = None
     extra: list[tuple[str, int]] = field(default_factory=list)
     model: str | None = None  # the model argument as the process got it
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,9 @@ def init_from_pids(
     drop = [source.repo] if source is not None and source.repo and rows else []
     todos: list[tuple[str, str]] = []
     for r in roles:
+        if r.proc.renamed:
+            _rebuild_router(r, roles)
+            continue
         _defaults(r)
         e = r.proc.engine
         r.model = _model_arg(r.proc)
@@ -327,6 +331,33 @@ def init_from_pids(
         tuple(_patch_names(roles, rows, stack)),
         tuple(f"{k}: {w}" for k, w in todos),
     )  # fmt: skip
+
+
+def _rebuild_router(r: _Role, roles: Sequence[_Role]) -> None:
+    """``sglang::router``: sglang_router renamed itself, and /proc lost its argv and environment. Its launch is
+    sglang_router's PD launch rebuilt from the model roles (read before it: the router comes last), its environment
+    what they share; its port is one it listens on (any: the manifest names it ``{port}``)."""
+    servers = [x for x in roles if x.proc.engine.kind != ROUTER]
+    first = servers[0]
+    python = first.argv[0] if first.argv[0].startswith("/") else os.path.join(first.proc.cwd, first.argv[0])
+    argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    for x in servers:
+        url = f"http://127.0.0.1:{x.port}"
+        if x.name.startswith("prefill"):
+            argv += ["--prefill", url, flag_value(x.argv, "--disaggregation-bootstrap-port") or "8998"]
+        elif x.name.startswith("decode"):
+            argv += ["--decode", url]
+        else:
+            argv += ["--worker-urls", url]
+    r.argv = [*argv, "--host", "127.0.0.1", "--port", "{port}", "--prometheus-host", "127.0.0.1"]
+    r.argv += ["--prometheus-port", "{port.prometheus}"]
+    r.port = r.proc.listening[0] if r.proc.listening else -1  # never a number of another role
+    r.extra = [("prometheus", -2)]
+    r.env = {k: v for k, v in first.env.items() if all(x.env.get(k) == v for x in servers)}
+    r.note = (
+        "renamed itself sglang::router, and /proc keeps neither its command line nor its environment: its launch is "
+        "sglang_router's PD launch rebuilt from the roles it routes to, its environment theirs (add flags of yours)"
+    )
 
 
 def _resolve(model: str, cwd: str) -> str:
@@ -416,6 +447,8 @@ def _render(
     ]
     for r in roles:
         lines.append(f"# {r.name}: pid {r.proc.pid}, {r.proc.engine.engine} {r.proc.engine.kind}, cwd {r.proc.cwd}")
+        if r.note:
+            lines.append(f"#   it {r.note}")
     if source is not None:
         if source.repo:
             got = f"; commits {shown_range}" if rows else "; no range given: no commit patches"

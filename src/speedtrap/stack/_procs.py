@@ -90,6 +90,12 @@ class Process:
     cwd: str
     cpus: str | None  # its CPU list when narrower than the machine's (taskset), else None
     engine: Engine
+    listening: tuple[int, ...] = ()  # its listening TCP ports (read locally for a process that renamed itself)
+
+    @property
+    def renamed(self) -> bool:
+        """It rewrote its command line (``sglang::router``): /proc holds neither its argv nor its environment."""
+        return self.engine.program == 0
 
 
 def _module_or_script(argv: tuple[str, ...]) -> tuple[str, int]:
@@ -207,7 +213,17 @@ def _cpus(pid: int, host: str | None) -> str | None:
 def read_engine_process(pid: int, host: str | None = None) -> Process:
     """One engine process, or a UsageError naming the pid and the fix (gone, unreadable, not an engine)."""
     argv_list, env = read_process(pid, host)
-    argv = tuple(argv_list)
+    argv = tuple(a for a in argv_list if a.strip())
+    title = argv[0].strip() if len(argv) == 1 else ""
+    if title == "sglang::router":  # sglang_router's setproctitle: argv and environ are gone from /proc
+        ports = listening_ports(pid) if host is None else ()
+        router = Engine("sglang", ROUTER, ROUTER, 0)
+        return Process(pid, host, argv, {}, _cwd(pid, host), _cpus(pid, host), router, ports)
+    if title.startswith("sglang::"):
+        raise UsageError(
+            f"pid {pid} is SGLang's {title[8:]} process ({title}), not the server it belongs to",
+            f"pass its server's pid (its parent: `ps -o ppid= -p {pid}`)",
+        )
     engine = classify(argv)
     if engine is None:
         shown = " ".join(argv[:3])[:120]
@@ -218,6 +234,32 @@ def read_engine_process(pid: int, host: str | None = None) -> Process:
             "not a worker's or a shell's",
         )
     return Process(pid, host, argv, env, _cwd(pid, host), _cpus(pid, host), engine)
+
+
+def listening_ports(pid: int) -> tuple[int, ...]:
+    """The TCP ports a local process listens on: its socket inodes (``/proc/PID/fd``) found in ``/proc/net/tcp*``."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return ()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return tuple(sorted(ports))
 
 
 def interpreter(proc: Process) -> str | None:
@@ -287,4 +329,14 @@ def _git(where: Path, *args: str) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-__all__ = ["ROUTER", "SERVER", "Engine", "Process", "Source", "classify", "find_source", "flag_value"]
+__all__ = [
+    "ROUTER",
+    "SERVER",
+    "Engine",
+    "Process",
+    "Source",
+    "classify",
+    "find_source",
+    "flag_value",
+    "listening_ports",
+]
