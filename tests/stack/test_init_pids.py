@@ -267,3 +267,60 @@ def test_a_manifest_with_a_todo_is_refused_naming_the_key(tmp_path: Path) -> Non
     assert not (tmp_path / "run").exists()
     lines = [x for x in got.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "TODO target.model is not filled in" in lines[0], got.output
+
+
+def _titled_python() -> str | None:
+    """A Python with ``setproctitle`` (the SGLang stack's venv, built by the SGLang tests), or None."""
+    root = Path(os.environ.get("SPEEDTRAP_STACKS_DIR", Path.home() / ".cache" / "speedtrap" / "stacks"))
+    for python in sorted(root.glob("sglang-*/venv/bin/python")):
+        done = subprocess.run([str(python), "-c", "import setproctitle"], capture_output=True, check=False)
+        if done.returncode == 0:
+            return str(python)
+    return None
+
+
+def test_a_router_that_renamed_itself_is_rebuilt_from_its_roles(hand: HandStack, tmp_path: Path) -> None:
+    """sglang_router calls setproctitle("sglang::router"): /proc then holds neither its argv nor its environment."""
+    titled = _titled_python()
+    if titled is None:
+        pytest.skip("no Python with setproctitle here (the SGLang stack's venv is built by the SGLang tests)")
+    hand.procs["router"].kill()
+    hand.procs["router"].wait()
+    port = free_port()
+    code = "import setproctitle; setproctitle.setproctitle('sglang::router')\nfrom sglang_router._fake import serve; serve()"
+    hand.procs["router"] = subprocess.Popen([titled, "-c", code, "--port", str(port)],
+                                            env={**os.environ, "PYTHONPATH": str(hand.site)})  # fmt: skip
+    wait_up(port)
+    assert Path(f"/proc/{hand.procs['router'].pid}/cmdline").read_bytes().rstrip(b"\0") == b"sglang::router"
+    out = tmp_path / "renamed.toml"
+    got = CliRunner().invoke(app, ["init", *hand.pids(), "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    text = out.read_text()
+    assert "renamed itself sglang::router" in text
+    router = tomllib.loads(text)["target"]["roles"]["router"]
+    assert router["launch"][1:] == [
+        "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", "http://127.0.0.1:{prefill.port}", "{prefill.port.bootstrap}",
+        "--decode", "http://127.0.0.1:{decode.port}", "--host", "127.0.0.1", "--port", "{port}",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", "{port.prometheus}",
+    ]  # fmt: skip
+    manifest = load_isolate_manifest(out)
+    launcher = Launcher(manifest.target, manifest.patches)
+    try:
+        server, _ = launcher.start((), tmp_path / "renamed.log")
+        with server:
+            ports = {r: server.launches[r].port for r in ("prefill", "router")}  # type: ignore[attr-defined]
+            argv = seen(ports["router"])["argv"]
+            assert f"http://127.0.0.1:{ports['prefill']}" in argv  # type: ignore[operator]
+    finally:
+        launcher.close()
+    # A worker of an SGLang server (its scheduler, its detokenizer) is named, with its parent.
+    title = "import setproctitle, time; setproctitle.setproctitle('sglang::scheduler'); time.sleep(30)"
+    worker = subprocess.Popen([titled, "-c", title])
+    try:
+        time.sleep(0.5)
+        line = _bad(["--pid", str(worker.pid)], tmp_path)
+        assert f"pid {worker.pid} is SGLang's scheduler process" in line and "ps -o ppid=" in line
+    finally:
+        worker.kill()
+        worker.wait()
