@@ -287,7 +287,8 @@ def test_a_router_that_renamed_itself_is_rebuilt_from_its_roles(hand: HandStack,
     hand.procs["router"].kill()
     hand.procs["router"].wait()
     port = free_port()
-    code = "import setproctitle; setproctitle.setproctitle('sglang::router')\nfrom sglang_router._fake import serve; serve()"
+    code = "import setproctitle; setproctitle.setproctitle('sglang::router')\n"
+    code += "from sglang_router._fake import serve; serve()"
     hand.procs["router"] = subprocess.Popen([titled, "-c", code, "--port", str(port)],
                                             env={**os.environ, "PYTHONPATH": str(hand.site)})  # fmt: skip
     wait_up(port)
