@@ -22,6 +22,7 @@ Below the stages that launch stacks (isolate's trials, the CI gate's recording, 
 from __future__ import annotations
 
 from speedtrap.stack._commits import CommitConflict, CommitTrees, GitFailed, git
+from speedtrap.stack._from_pids import FromPids, init_from_pids
 from speedtrap.stack._inspect import GateState, InspectReport, Switched, gate_state, inspect_process, read_process
 from speedtrap.stack._inspect_stack import RoleReport, StackReport, inspect_stack
 from speedtrap.stack._launch import (
@@ -66,6 +67,7 @@ __all__ = [
     "CommandNotFound",
     "CommitConflict",
     "CommitTrees",
+    "FromPids",
     "GateState",
     "GitFailed",
     "InspectReport",
@@ -89,6 +91,7 @@ __all__ = [
     "free_port",
     "gate_state",
     "git",
+    "init_from_pids",
     "inspect_process",
     "inspect_stack",
     "launch",
