@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 from speedtrap._lazy import lazy_getattr
 from speedtrap._stats import wilson
-from speedtrap.probe._results import BucketStats, PhaseDivergence, RecallCell, RecallSample, flatten_figures
+from speedtrap.probe._results import (
+    BucketStats,
+    LengthStop,
+    PhaseDivergence,
+    RecallCell,
+    RecallSample,
+    flatten_figures,
+)
+from speedtrap.probe._sequential import Sprt
 from speedtrap.probe._stats import KLStats
 
 if TYPE_CHECKING:
@@ -27,7 +35,7 @@ if TYPE_CHECKING:
     from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor
     from speedtrap.probe._http import HttpBackend
     from speedtrap.probe._inprocess import InProcessBackend
-    from speedtrap.probe._recall import RecallReport, RecallSettings, arun_recall, run_recall
+    from speedtrap.probe._recall import RecallReference, RecallReport, RecallSettings, arun_recall, run_recall
     from speedtrap.probe._record import (
         AgainstRecording,
         RecallComparison,
@@ -66,12 +74,14 @@ __all__ = [
     "Identity",
     "InProcessBackend",
     "KLStats",
+    "LengthStop",
     "NoiseFloor",
     "PhaseDivergence",
     "ProbeSettings",
     "PromptLogprobs",
     "RecallCell",
     "RecallComparison",
+    "RecallReference",
     "RecallReport",
     "RecallSample",
     "RecallSettings",
@@ -79,6 +89,7 @@ __all__ = [
     "RecordingError",
     "RepeatReport",
     "RepeatSettings",
+    "Sprt",
     "StepLogprobs",
     "TokenDist",
     "aagainst",
@@ -129,6 +140,7 @@ _LAZY = {
     "RECORDING_FORMAT": "speedtrap.probe._recording_format:FORMAT",
     "RECORDING_VERSION": "speedtrap.probe._recording_format:VERSION",
     "RecallComparison": "speedtrap.probe._record",
+    "RecallReference": "speedtrap.probe._recall",
     "RecallReport": "speedtrap.probe._recall",
     "RecallSettings": "speedtrap.probe._recall",
     "Recording": "speedtrap.probe._recording",
