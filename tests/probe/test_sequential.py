@@ -3,13 +3,15 @@ hypotheses' edges, the test run on each sequence, the stops counted (no model)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import re
 
 import pytest
 
 from speedtrap._errors import UsageError
-from speedtrap.probe import LengthStop, Sprt
+from speedtrap.probe import ChatAnswer, LengthStop, RecallReference, RecallReport, RecallSettings, Sprt, run_recall
 from speedtrap.probe._sequential import length_reading, paired_decision
 
 RUNS = 20_000
@@ -88,3 +90,65 @@ def test_stop_sentence() -> None:
     assert stop.sentence() == "stopped after 6 of 10 questions: 1/6 against 6/6 at 1,280 tokens, lost (alpha 0.05)"
     assert LengthStop.from_json(stop.to_json()) == stop
     assert LengthStop(128, "undecided", 10, 10, 8, 10, 0.05, 0.2).sentence().startswith("undecided after all 10")
+
+
+class _Fake:
+    """A backend that answers by construction: it reads the planted fact back from the conversation,
+    except in prompts longer than ``forget_above`` tokens (about four characters a token) or, with
+    ``blind``, never. Counts the questions it is asked."""
+
+    def __init__(self, name: str, forget_above: int = 10**9, blind: bool = False) -> None:
+        self.name, self.forget_above, self.blind, self.asked = name, forget_above, blind, 0
+
+    async def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        return sum(len(m["content"]) // 4 + 4 for m in messages)
+
+    async def chat(self, messages: list[dict[str, str]], max_tokens: int) -> ChatAnswer:
+        self.asked += 1
+        tokens = await self.count_tokens(messages)
+        key = messages[-1]["content"]
+        text = "I do not know."
+        if not self.blind and tokens <= self.forget_above:
+            for m in messages:
+                for hit in re.finditer(r"the access code for (.+?) is (\d+)\.", m["content"]):
+                    if hit.group(1) in key:
+                        text = hit.group(2)
+        return ChatAnswer(text, tokens)
+
+
+GRID = RecallSettings(lengths=(128, 1280), depths=(0.1, 0.3, 0.5, 0.7, 0.9), samples=2, sequential=True)
+
+
+def test_rounds_stop_each_length_once_decided_and_share_the_reference() -> None:
+    base = _Fake("base")
+    reference = RecallReference(base)  # type: ignore[arg-type]
+    long_loser = _Fake("bug", forget_above=600)  # loses every fact beyond 600 tokens, by construction
+    report = run_recall(long_loser, GRID, reference=reference)  # type: ignore[arg-type]
+    stops = {s.length: s for s in report.stops}
+    assert (stops[128].decision, stops[128].asked, stops[128].correct) == ("kept", 4, 4)
+    assert (stops[1280].decision, stops[1280].asked, stops[1280].correct) == ("lost", 4, 0)
+    assert stops[1280].reference_correct == 4 and stops[1280].maximum == 10
+    assert long_loser.asked == 8 and base.asked == 8 and len(report.samples) == 8
+    # a second candidate reuses the reference's answers: the baseline is asked nothing new
+    fine = _Fake("fine")
+    again = run_recall(fine, GRID, reference=reference)  # type: ignore[arg-type]
+    assert [s.decision for s in again.stops] == ["kept", "kept"] and base.asked == 8
+    # the report keeps where it stopped
+    assert RecallReport.from_json(report.to_json()).stops == report.stops
+    assert reference.report(GRID).overall.n == 8
+
+
+def test_an_undecided_length_runs_to_the_grid() -> None:
+    blind = _Fake("blind", blind=True)
+    reference = RecallReference(_Fake("blind-base", blind=True))  # type: ignore[arg-type]
+    report = run_recall(blind, GRID, reference=reference)  # type: ignore[arg-type]
+    assert [(s.decision, s.asked) for s in report.stops] == [("undecided", 10), ("undecided", 10)]
+    assert len(report.samples) == 20
+
+
+def test_a_full_grid_without_a_reference_is_unchanged() -> None:
+    full = dataclasses.replace(GRID, sequential=False)
+    report = run_recall(_Fake("bug", forget_above=600), full)  # type: ignore[arg-type]
+    assert len(report.samples) == 20 and not report.stops
+    assert "sequential" not in full.to_json()  # a full grid's stored settings read as before
+    assert RecallSettings.from_json(GRID.to_json()) == GRID

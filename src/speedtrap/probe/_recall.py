@@ -336,6 +336,11 @@ def run_recall(
     results_path: Path | None = None,
     resume: bool = False,
     progress: Progress | bool = False,
+    reference: RecallReference | None = None,
 ) -> RecallReport:
-    """Run the recall probe on ``backend``; finished samples go to ``results_path`` as JSON lines."""
-    return asyncio.run(arun_recall(backend, settings, results_path=results_path, resume=resume, progress=progress))
+    """Run the recall probe on ``backend``; finished samples go to ``results_path`` as JSON lines.
+    With ``settings.sequential`` and a ``reference``: in rounds, each length until decided."""
+    coro = arun_recall(
+        backend, settings, results_path=results_path, resume=resume, progress=progress, reference=reference
+    )
+    return asyncio.run(coro)
