@@ -43,6 +43,9 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
     direction = "above"            # fail when the metric is above (or below) the bound
     near = 0.25                    # relative band around the bound that is repeated
     repeats = 2                    # extra trials for a verdict near the threshold
+    sequential = true              # recall: ask in rounds, stop each length once decided against the baseline
+    alpha = 0.05                   # sequential: the chance of calling a length lost that keeps its facts
+    beta = 0.2                     # sequential: the chance of calling one kept that loses half its facts
 
     [search]
     prior = ["hash_topk_routed_scaling"]   # likely suspects first (triage's tiers)
@@ -54,6 +57,7 @@ summary); isolate adds ``requires`` / ``conflicts`` and the ``[target]``, ``[pro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,7 +82,7 @@ from speedtrap.stack import TargetSpec, parse_patches, parse_target, resolve_com
 __all__ = ["IsolateManifest", "ProbeSpec", "VerdictSpec", "load_isolate_manifest", "parse_manifest"]
 
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference", "api", "model"}
-_VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
+_VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin", "alpha", "beta", "sequential"}
 _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
 
@@ -194,8 +198,9 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
     near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
     if near >= 1:
         raise ManifestError("verdict.near must be below 1 (a relative band around the bound)", "write near = 0.25")
+    rates = _error_rates(raw)
     if rule == "threshold" and "bound" not in raw:
-        return _recorded_floor_verdict(raw, probe, metric, direction, near)
+        return dataclasses.replace(_recorded_floor_verdict(raw, probe, metric, direction, near), **rates)
     return VerdictSpec(
         rule=rule,
         metric=metric,
@@ -204,7 +209,25 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> VerdictSpec:
         near=near,
         repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
         margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+        **rates,
     )
+
+
+def _error_rates(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``alpha``, ``beta`` (each in (0, 0.5)) and ``sequential`` (a boolean) of ``[verdict]``."""
+    out: dict[str, Any] = {}
+    for key, default in (("alpha", 0.05), ("beta", 0.2)):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 0.5:
+            raise ManifestError(
+                f"verdict.{key} must be a number in (0, 0.5), not {value!r}", f"write {key} = {default}"
+            )
+        out[key] = float(value)
+    sequential = raw.get("sequential", True)
+    if not isinstance(sequential, bool):
+        raise ManifestError(f"verdict.sequential must be true or false, not {sequential!r}", "write sequential = true")
+    out["sequential"] = sequential
+    return out
 
 
 def _recorded_floor_verdict(
