@@ -18,7 +18,6 @@ from speedtrap.probe._results import (
     RecallSample,
     flatten_figures,
 )
-from speedtrap.probe._sequential import Sprt
 from speedtrap.probe._stats import KLStats
 
 if TYPE_CHECKING:
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
     from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
     from speedtrap.probe._recording_format import RecordingError, add_extension
     from speedtrap.probe._repeat import Finding, RepeatReport, RepeatSettings, arun_repeat, run_repeat
+    from speedtrap.probe._sequential import Sprt
     from speedtrap.probe._spec import ProbeSettings, settings_for
 
 __all__ = [
@@ -147,6 +147,7 @@ _LAZY = {
     "RecordingError": "speedtrap.probe._recording_format",
     "RepeatReport": "speedtrap.probe._repeat",
     "RepeatSettings": "speedtrap.probe._repeat",
+    "Sprt": "speedtrap.probe._sequential",
     "StepLogprobs": "speedtrap.probe._engine",
     "TokenDist": "speedtrap.probe._backend",
     "aagainst": "speedtrap.probe._record",
