@@ -79,7 +79,7 @@ def main() -> int:
         seq_s = time.perf_counter() - t0
         ref_new = len(reference.samples) - asked_before
         full_v = {n: length_reading(*by_length(full_base)[n], *c) for n, c in by_length(full).items()}
-        seq_v = {s.length: s.decision for s in seq.stops}
+        seq_v: dict[int, str | None] = {s.length: s.decision for s in seq.stops}
         for s in seq.stops:  # undecided: the grid was asked in full, and its reading is the verdict
             if s.decision == "undecided":
                 seq_v[s.length] = length_reading(s.reference_correct, s.asked, s.correct, s.asked)
