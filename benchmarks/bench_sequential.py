@@ -1,15 +1,16 @@
 """Full grid against sequential recall on smol-moe, side by side: questions asked, seconds, verdicts.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sequential.py [--configs base,hash_topk_routed_scaling]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sequential.py [--configs base,"all patches"]
 
 The demo's recall grid (128 and 1,280 tokens x 5 depths x 2 conversations) on each configuration:
-``base`` (no patch: the baseline asked as a candidate), the demo's culprit ``hash_topk_routed_scaling``,
-a mild patch ``fp8_kv_cache`` and all eight patches. The full grid asks every question of the baseline
-once and of each configuration; its verdict per length is the report's reading (Wilson intervals
-apart: lost; overlapping at 85% of the baseline's accuracy or more: kept). The sequential run asks in
-rounds against one shared baseline (asked only the questions it lacks) and stops each length once the
-test decides (``speedtrap.probe._sequential``, alpha 0.05, beta 0.2); an undecided length runs to the
-grid and takes the full grid's reading. Exit 1 when a verdict differs.
+``base`` (no patch: the baseline asked as a candidate), the demo's culprit
+``hash_topk_routed_scaling`` and a mild patch ``fp8_kv_cache`` (``--configs`` adds ``all patches``,
+the eight). The full grid asks every question of the baseline once and of each configuration; its
+verdict per length is the report's reading (Wilson intervals apart: lost; overlapping at 85% of the
+baseline's accuracy or more: kept). The sequential run asks in rounds against one shared baseline
+(asked only the questions it lacks) and stops each length once the test decides
+(``speedtrap.probe._sequential``, alpha 0.05, beta 0.2); an undecided length runs to the grid and
+takes the full grid's reading. Exit 1 when a verdict differs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CONFIGS = {
         "lm_head_bf16", "chunked_prefill", "moe_fused_experts",
     ),
 }  # fmt: skip
+DEFAULT = ("base", "hash_topk_routed_scaling", "fp8_kv_cache")  # the demo's culprit and base, and a mild patch
 
 
 def by_length(report: RecallReport) -> dict[int, tuple[int, int]]:
