@@ -58,7 +58,11 @@ def test_a_sequential_recall_shares_its_baseline_and_says_where_it_stopped(
     import dataclasses
 
     recall = {"lengths": (160,), "depths": (0.2, 0.5, 0.8), "samples": 2, "sequential": True}
-    settings = dataclasses.replace(small_settings(), recall=recall, localize=False)  # type: ignore[type-var]
+    from speedtrap.pipeline import PipelineSettings
+
+    base_settings = small_settings()
+    assert isinstance(base_settings, PipelineSettings)
+    settings = dataclasses.replace(base_settings, recall=recall, localize=False)
     out = tmp_path / "run"
     result = run_pipeline(out, Source(target="smol-moe"), settings, model=smol)
     assert result.errors == []
