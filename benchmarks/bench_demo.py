@@ -45,6 +45,20 @@ COMPILERS = ("cc1", "cc1plus", "gcc ", "g++ ", "cmake", "ninja", "Building wheel
 CLI = "import sys; from speedtrap.cli import main; sys.argv[0] = 'speedtrap'; main()"
 
 
+def cpu_flags() -> str:
+    """The machine this ran on: the CPU model and its AVX flags, from ``lscpu`` (the demo's speed
+    depends on them: the README's first command took 509 s on a 2-core AVX2-only machine, 293 s on a
+    2-core AVX-512 one, issue 46)."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "lscpu not found"
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("Flags")), [])
+    avx = sorted(f for f in flags if f.startswith("avx"))
+    return f"{model}; {os.cpu_count()} CPUs; {' '.join(avx) or 'no avx flags'}"
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -97,6 +111,7 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
         env = {**os.environ, "SPEEDTRAP_CACHE_DIR": str(Path(tmp) / "cache")}
         env.pop("SPEEDTRAP_SMOLLM2_GGUF", None)
+        print(f"cpu: {cpu_flags()}")
         print(f"load average before: {load()}  (2 cores; figures above ~2 mean contention)")
         t0 = time.perf_counter()
         venv = subprocess.run(["python3", "-m", "venv", ".venv"], cwd=clone, env=env, check=False)
@@ -151,6 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         cache = Path(tmp) / "cache"
         out = args.keep or Path(tmp) / "run"
+        print(f"cpu: {cpu_flags()}")
         print(f"load average before: {load()}  (2 cores; figures above ~2 mean contention)")
         first, first_cpu, summary = run_demo(out, cache, args.quick)
         verdict = summary["verdict"]

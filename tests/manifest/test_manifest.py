@@ -78,6 +78,15 @@ def test_a_valid_manifest_reads_back() -> None:
     assert m.prior == ("env_patch",)
 
 
+def test_the_verdicts_error_rates_read_back() -> None:
+    default = parse(GOOD).verdict
+    assert (default.alpha, default.beta, default.sequential) == (0.05, 0.2, True)
+    assert "alpha" not in default.to_json()  # the defaults: the identity of earlier trials is unchanged
+    m = parse(_swap("repeats = 1", "repeats = 1\nalpha = 0.01\nbeta = 0.1\nsequential = false")).verdict
+    assert (m.alpha, m.beta, m.sequential) == (0.01, 0.1, False)
+    assert m.to_json()["alpha"] == 0.01
+
+
 def test_the_probe_names_its_dialect_and_model() -> None:
     m = parse(_swap('kind = "divergence"', 'kind = "divergence"\napi = "vllm"\nmodel = "smollm2"'))
     assert (m.probe.api, m.probe.model) == ("vllm", "smollm2")
@@ -124,6 +133,9 @@ BAD = [
     (_swap("repeats = 1", "repeats = -1"), "verdict.repeats must be an integer >= 0"),
     (_swap('metric = "decode.kl_p99"', 'rule = "recall_drop"'), 'verdict.rule = "recall_drop" needs probe.kind'),
     (_swap('prior = ["env_patch"]', 'prior = ["nope"]'), "search.prior[0] names no patch: 'nope'"),
+    (_swap("repeats = 1", "repeats = 1\nalpha = 0.5"), "verdict.alpha must be a number in (0, 0.5)"),
+    (_swap("repeats = 1", "repeats = 1\nbeta = true"), "verdict.beta must be a number in (0, 0.5)"),
+    (_swap("repeats = 1", 'repeats = 1\nsequential = "yes"'), "verdict.sequential must be true or false"),
     (GOOD.split("[[patches]]")[0], "manifest has no [[patches]] tables"),
     ("[probe]\nkind = 'recall'\n", "manifest has no [target] table"),
 ]

@@ -4,10 +4,13 @@ keep their facts and long prompts lose them; the baseline keeps them at every le
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from speedtrap.pipeline import demo_settings
-from speedtrap.probe import InProcessBackend, RecallReport, RecallSettings, run_recall, wilson
+from speedtrap.probe import InProcessBackend, RecallReference, RecallReport, RecallSettings, run_recall, wilson
+from speedtrap.probe._sequential import length_reading
 from speedtrap.targets._base import InProcessModel
 
 CULPRIT = "hash_topk_routed_scaling"
@@ -38,3 +41,26 @@ def test_the_double_factor_loses_facts_in_long_prompts_only(smol: InProcessModel
     correct, n = bug[LONG]
     assert correct / n <= 0.3, ("long prompts lose them", bug)
     assert wilson(correct, n)[1] < wilson(*base[LONG])[0], ("the intervals are apart", base, bug)
+
+
+@pytest.mark.slow
+def test_sequential_verdicts_match_the_full_grid(smol: InProcessModel) -> None:
+    """The demo's grid asked sequentially against the baseline: each length of the culprit stops with
+    the verdict the full grid's reading gives, on fewer questions, and the answers it asked are the
+    full grid's answers (the same conversations)."""
+    full_base = run_recall(InProcessBackend(smol), GRID, progress=False)
+    full_bug = run_recall(InProcessBackend(smol, [CULPRIT]), GRID, progress=False)
+    seq = dataclasses.replace(GRID, sequential=True)
+    reference = RecallReference(InProcessBackend(smol))
+    bug = run_recall(InProcessBackend(smol, [CULPRIT]), seq, progress=False, reference=reference)
+    print("\n" + "\n".join(s.sentence() for s in bug.stops))
+    base_n, bug_n = _by_length(full_base), _by_length(full_bug)
+    for stop in bug.stops:
+        full = length_reading(*base_n[stop.length], *bug_n[stop.length])
+        assert stop.decision == full, (stop, full)
+    assert [s.decision for s in bug.stops] == ["kept", "lost"]
+    assert len(bug.samples) < len(full_bug.samples)
+    answers = full_bug.answers()
+    assert all(answers[k] == v for k, v in bug.answers().items())
+    base_answers = full_base.answers()
+    assert all(base_answers[k] == s.answer for k, s in reference.samples.items())

@@ -47,3 +47,37 @@ def test_other_settings_are_measured_again_not_reused(run_copy: Path, smol: InPr
     assert not [p for p in result.computed if not p.startswith("localize/")]
     layers = json.loads((run_copy / "localize" / f"layers-{CULPRIT.replace('_', '-')}.json").read_text())
     assert layers["result"]["tokens"] == 20 and "--tokens 20" in layers["command"]
+
+
+def test_a_sequential_recall_shares_its_baseline_and_says_where_it_stopped(
+    tmp_path: Path, smol: InProcessModel
+) -> None:
+    """The recall asked in rounds against the baseline: the baseline's part holds exactly the questions
+    its candidates needed, each candidate's part where it stopped, the report says so, and a rerun
+    measures nothing."""
+    import dataclasses
+
+    recall = {"lengths": (160,), "depths": (0.2, 0.5, 0.8), "samples": 2, "sequential": True}
+    from speedtrap.pipeline import PipelineSettings
+
+    base_settings = small_settings()
+    assert isinstance(base_settings, PipelineSettings)
+    settings = dataclasses.replace(base_settings, recall=recall, localize=False)
+    out = tmp_path / "run"
+    result = run_pipeline(out, Source(target="smol-moe"), settings, model=smol)
+    assert result.errors == []
+    probes = out / "probes"
+    base = json.loads((probes / "recall-baseline.json").read_text())["result"]
+    runs = [json.loads(p.read_text())["result"] for p in sorted(probes.glob("recall-*.json"))]
+    candidates = [r for r in runs if r.get("stops")]
+    assert candidates, "every patched recall run is sequential"
+    asked = {s["conversation"] + str(s["depth"]) for r in candidates for s in r["samples"]}
+    assert {s["conversation"] + str(s["depth"]) for s in base["samples"]} == asked  # what they needed, no more
+    for r in candidates:
+        (stop,) = r["stops"]
+        assert stop["asked"] == len(r["samples"]) <= stop["maximum"] == 6
+        assert stop["decision"] in ("lost", "kept", "undecided")
+    markdown = (out / "report.md").read_text()
+    assert "Sequential verdicts" in markdown and "questions: " in markdown
+    again = run_pipeline(out, Source(target="smol-moe"), settings, model=smol)
+    assert not [p for p in again.computed if p.startswith("probes/")]

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from speedtrap.cli import app
-from speedtrap.isolate import load_isolate_manifest
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import Launcher, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -163,7 +163,7 @@ def test_init_reads_a_pd_stack_and_the_manifest_launches_unedited(hand: HandStac
     assert data["target"]["model"] == str(hand.model) and roles["prefill"]["launch"].count("{model}") == 1
     assert data["target"]["repo"] == str(hand.repo) and data["target"]["base"] == hand.shas["base"]
     assert roles["prefill"]["env"]["SGLANG_USE_CPU_ENGINE"] == "1" and "env" not in roles["router"]
-    manifest = load_isolate_manifest(out)  # the reader every stage uses
+    manifest = load_manifest(out)  # the reader every stage uses
     names = [p.name for p in manifest.patches]
     assert names == [
         "launch_server_a_comment@prefill", "launch_server_a_comment@decode",
@@ -200,7 +200,7 @@ def test_a_single_server_becomes_a_target_without_roles(hand: HandStack, tmp_pat
     assert "roles" not in data["target"] and data["target"]["health"] == "http://127.0.0.1:{port}/health"
     assert "--port" in data["target"]["launch"] and "{port}" in data["target"]["launch"]
     assert [p["name"] for p in data["patches"]] == ["disable_radix_cache"]
-    load_isolate_manifest(out)
+    load_manifest(out)
 
 
 def _bad(args: list[str], tmp_path: Path) -> str:
@@ -305,7 +305,7 @@ def test_a_router_that_renamed_itself_is_rebuilt_from_its_roles(hand: HandStack,
         "--decode", "http://127.0.0.1:{decode.port}", "--host", "127.0.0.1", "--port", "{port}",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "{port.prometheus}",
     ]  # fmt: skip
-    manifest = load_isolate_manifest(out)
+    manifest = load_manifest(out)
     launcher = Launcher(manifest.target, manifest.patches)
     try:
         server, _ = launcher.start((), tmp_path / "renamed.log")

@@ -47,6 +47,9 @@ may have no ``[target]``; the stages that launch ask for it and name the missing
     direction = "above"            # fail when the metric is above (or below) the bound
     near = 0.25                    # relative band around the bound that is repeated
     repeats = 2                    # extra trials for a verdict near the threshold
+    sequential = true              # recall: ask in rounds, stop each length once decided against the baseline
+    alpha = 0.05                   # sequential: the chance of calling a length lost that keeps its facts
+    beta = 0.2                     # sequential: the chance of calling one kept that loses half its facts
 
     [search]
     prior = ["hash_topk_routed_scaling"]   # likely suspects first (triage's tiers)
@@ -58,6 +61,7 @@ may have no ``[target]``; the stages that launch ask for it and name the missing
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,7 +95,7 @@ __all__ = ["TABLES", "load_manifest", "parse_manifest"]
 TABLES = ("target", "patches", "probe", "verdict", "search", "tree")  # the manifest's top level
 
 _PROBE_KEYS = {"kind", "preset", "settings", "argv", "timeout", "reference", "api", "model"}
-_VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin"}
+_VERDICT_KEYS = {"rule", "metric", "bound", "direction", "near", "repeats", "margin", "alpha", "beta", "sequential"}
 _SEARCH_KEYS = {"prior", "parallel", "executor", "address", "resources"}
 
 
@@ -275,8 +279,10 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> tuple[VerdictSpec | No
     near = number(raw.get("near", 0.25), "verdict.near", allow_zero=True)
     if near >= 1:
         raise ManifestError("verdict.near must be below 1 (a relative band around the bound)", "write near = 0.25")
+    rates = _error_rates(raw)
     if rule == "threshold" and "bound" not in raw:
-        return _recorded_floor_verdict(raw, probe, metric, direction, near)
+        verdict, problem = _recorded_floor_verdict(raw, probe, metric, direction, near)
+        return (dataclasses.replace(verdict, **rates) if verdict is not None else None), problem
     return (
         VerdictSpec(
             rule=rule,
@@ -286,9 +292,27 @@ def _verdict(raw: Mapping[str, Any], probe: ProbeSpec) -> tuple[VerdictSpec | No
             near=near,
             repeats=integer(raw.get("repeats", 2), "verdict.repeats", minimum=0),
             margin=number(raw.get("margin", 0.0), "verdict.margin", allow_zero=True),
+            **rates,
         ),
         None,
     )
+
+
+def _error_rates(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``alpha``, ``beta`` (each in (0, 0.5)) and ``sequential`` (a boolean) of ``[verdict]``."""
+    out: dict[str, Any] = {}
+    for key, default in (("alpha", 0.05), ("beta", 0.2)):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 0.5:
+            raise ManifestError(
+                f"verdict.{key} must be a number in (0, 0.5), not {value!r}", f"write {key} = {default}"
+            )
+        out[key] = float(value)
+    sequential = raw.get("sequential", True)
+    if not isinstance(sequential, bool):
+        raise ManifestError(f"verdict.sequential must be true or false, not {sequential!r}", "write sequential = true")
+    out["sequential"] = sequential
+    return out
 
 
 def _recorded_floor_verdict(

@@ -30,6 +30,7 @@ class Context:
     manifest: Manifest | None = None  # a --manifest run's
     reused: list[str] = field(default_factory=list)  # parts taken from an earlier run
     computed: list[str] = field(default_factory=list)
+    recall_reference: Any = None  # a sequential recall's baseline (probe.RecallReference), shared by its candidates
 
     def save_record(self) -> None:
         self.record.save(self.run_dir)

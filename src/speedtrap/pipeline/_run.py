@@ -124,10 +124,12 @@ def run_pipeline(
 
     def probes() -> None:
         progress.start("probes", 2)
-        part = _stages.probe(ctx, "recall", "baseline", "baseline", ())
-        progress.advance("probes", 1, f"recall: baseline{_stages.summary(part)}")
-        part = _stages.probe(ctx, "recall", "all patches", "all", all_patches)
-        progress.advance("probes", 1, f"recall: all patches{_stages.summary(part)}")
+        runs = [("baseline", "baseline", ()), ("all patches", "all", all_patches)]
+        if _stages.sequential_recall(ctx):  # the baseline is asked what the patched runs need, beside them
+            runs.reverse()
+        for label, role, config in runs:
+            part = _stages.probe(ctx, "recall", label, role, config)
+            progress.advance("probes", 1, f"recall: {label}{_stages.summary(part)}")
 
     no_chat = _stages.why_no_chat(ctx)
     if no_chat:

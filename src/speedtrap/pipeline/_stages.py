@@ -102,6 +102,8 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
         settings = probes.settings_for(typed)
         candidate = probes.InProcessBackend(model, list(config))
         if isinstance(settings, probes.RecallSettings):
+            if settings.sequential:
+                return _sequential_recall(ctx, settings, candidate, config)
             return probes.run_recall(candidate, settings, progress=False).to_json()
         assert isinstance(settings, probes.DivergenceSettings)
         baseline = probes.InProcessBackend(model, [])
@@ -119,6 +121,49 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
     if measurement.report is None:
         raise SpeedtrapError(f"the {kind} probe returned no report", "use a divergence or recall probe")
     return measurement.report
+
+
+def sequential_recall(ctx: Context) -> bool:
+    """Whether this run's recall is sequential: in-process, asked in rounds against the baseline (a
+    server's recall runs its whole grid: the oracle launches one configuration at a time)."""
+    from speedtrap import probe as probes
+
+    settings = probes.settings_for(ctx.settings.probe("recall"))
+    return ctx.source.in_process and isinstance(settings, probes.RecallSettings) and settings.sequential
+
+
+def _baseline_key(ctx: Context) -> str:
+    """The stored baseline recall part's key (what :meth:`Context.part` gives it)."""
+    return stable_key(ctx.base_key(), "recall", identity(ctx.settings.probe("recall")), [])
+
+
+def _sequential_recall(ctx: Context, settings: Any, candidate: Any, config: tuple[str, ...]) -> dict[str, Any]:
+    """A sequential recall of ``config`` against the run's baseline, which is asked only the questions
+    it has not answered yet (kept in the baseline's part, saved after each candidate). The baseline's
+    own part is what it was asked."""
+    from speedtrap import probe as probes
+    from speedtrap.report import load_part, save_part
+
+    if ctx.recall_reference is None:
+        known: list[Any] = []
+        try:
+            stored = load_part(recall_path(ctx.run_dir, ()))
+            if stored.key == _baseline_key(ctx):
+                known = [probes.RecallSample.from_json(s) for s in stored.result.get("samples", [])]
+        except (OSError, ValueError, KeyError, TypeError):
+            known = []
+        ctx.recall_reference = probes.RecallReference(probes.InProcessBackend(ctx.in_process_model(), []), known)
+    reference = ctx.recall_reference
+    if not config:
+        return dict(reference.report(settings).to_json())
+    report = probes.run_recall(candidate, settings, progress=False, reference=reference)
+    typed = ctx.settings.probe("recall")
+    base = Part(
+        "recall", reference.report(settings).to_json(), "baseline", "baseline", (),
+        commands.recall(ctx.source, (), typed.settings), None, {}, _baseline_key(ctx),
+    )  # fmt: skip
+    save_part(recall_path(ctx.run_dir, ()), base)
+    return dict(report.to_json())
 
 
 def server_probe(ctx: Context, kind: Kind) -> Any:

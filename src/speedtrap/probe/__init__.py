@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from speedtrap._lazy import lazy_getattr
 from speedtrap._stats import wilson
-from speedtrap.probe._results import BucketStats, PhaseDivergence, RecallCell, RecallSample, flatten_figures
+from speedtrap.probe._results import (
+    BucketStats,
+    LengthStop,
+    PhaseDivergence,
+    RecallCell,
+    RecallSample,
+    flatten_figures,
+)
 from speedtrap.probe._stats import KLStats
 
 if TYPE_CHECKING:
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
     from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor
     from speedtrap.probe._http import HttpBackend
     from speedtrap.probe._inprocess import InProcessBackend
-    from speedtrap.probe._recall import RecallReport, RecallSettings, arun_recall, run_recall
+    from speedtrap.probe._recall import RecallReference, RecallReport, RecallSettings, arun_recall, run_recall
     from speedtrap.probe._record import (
         AgainstRecording,
         RecallComparison,
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
     from speedtrap.probe._recording_format import VERSION as RECORDING_VERSION
     from speedtrap.probe._recording_format import RecordingError, add_extension
     from speedtrap.probe._repeat import Finding, RepeatReport, RepeatSettings, arun_repeat, run_repeat
+    from speedtrap.probe._sequential import Sprt
     from speedtrap.probe._spec import ProbeSettings, settings_for
 
 __all__ = [
@@ -66,12 +74,14 @@ __all__ = [
     "Identity",
     "InProcessBackend",
     "KLStats",
+    "LengthStop",
     "NoiseFloor",
     "PhaseDivergence",
     "ProbeSettings",
     "PromptLogprobs",
     "RecallCell",
     "RecallComparison",
+    "RecallReference",
     "RecallReport",
     "RecallSample",
     "RecallSettings",
@@ -79,6 +89,7 @@ __all__ = [
     "RecordingError",
     "RepeatReport",
     "RepeatSettings",
+    "Sprt",
     "StepLogprobs",
     "TokenDist",
     "aagainst",
@@ -129,12 +140,14 @@ _LAZY = {
     "RECORDING_FORMAT": "speedtrap.probe._recording_format:FORMAT",
     "RECORDING_VERSION": "speedtrap.probe._recording_format:VERSION",
     "RecallComparison": "speedtrap.probe._record",
+    "RecallReference": "speedtrap.probe._recall",
     "RecallReport": "speedtrap.probe._recall",
     "RecallSettings": "speedtrap.probe._recall",
     "Recording": "speedtrap.probe._recording",
     "RecordingError": "speedtrap.probe._recording_format",
     "RepeatReport": "speedtrap.probe._repeat",
     "RepeatSettings": "speedtrap.probe._repeat",
+    "Sprt": "speedtrap.probe._sequential",
     "StepLogprobs": "speedtrap.probe._engine",
     "TokenDist": "speedtrap.probe._backend",
     "aagainst": "speedtrap.probe._record",

@@ -6,6 +6,12 @@ conversation per (length, sample) holds one fact per depth and each question ask
 in its own request, so the questions share the conversation prefix (computed once in-process, and
 by a server's prefix cache). Greedy answers are scored by substring match of the planted value.
 Samples are written to the results file as they finish; ``resume`` runs only the rest.
+
+With ``sequential`` and a reference (:class:`RecallReference`, the baseline) the grid is a maximum:
+the questions are asked of both in rounds (``round_size`` conversations per length, one batch a
+round), and a length stops once its verdict against the reference is decided at ``alpha``/``beta``
+(the test and its error-rate argument: :mod:`speedtrap.probe._sequential`). The report says where
+each length stopped and why (:class:`~speedtrap.probe._results.LengthStop`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +28,8 @@ from speedtrap._errors import ProbeError, UsageError
 from speedtrap.probe._backend import Backend
 from speedtrap.probe._conversations import KEYS, Conversation, Fact, build_conversation
 from speedtrap.probe._progress import progress_bar
-from speedtrap.probe._results import RecallCell, RecallSample
+from speedtrap.probe._results import LengthStop, RecallCell, RecallSample
+from speedtrap.probe._sequential import DEFAULT_ALPHA, DEFAULT_BETA, Sprt, paired_decision
 from speedtrap.probe._store import ResultsFile
 from speedtrap.progress import Progress
 
@@ -35,6 +42,10 @@ class RecallSettings:
     seed: int = 0
     max_new_tokens: int = 24
     shared_prefix: bool = False  # one conversation holds a fact per depth; its questions share the prefix
+    sequential: bool = False  # with a reference: ask in rounds, stop a length once its verdict is decided
+    alpha: float = DEFAULT_ALPHA  # sequential: the chance of calling a length lost that keeps its facts
+    beta: float = DEFAULT_BETA  # sequential: the chance of calling a length kept that loses half of them
+    round_size: int = 2  # sequential: conversations per length asked in one round (one batch)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))  # lists from TOML or JSON
@@ -47,6 +58,14 @@ class RecallSettings:
             raise UsageError(f"depths must be distinct and at most {len(KEYS)}", "pass fewer --depths")
         if self.samples < 1 or self.max_new_tokens < 1:
             raise UsageError("samples and max_new_tokens must be at least 1", "pass --samples 1 or more")
+        if self.round_size < 1:
+            raise UsageError(f"round_size must be at least 1: {self.round_size}", "pass round_size = 2")
+        if self.sequential:
+            self.test()  # bad error rates fail here
+
+    def test(self) -> Sprt:
+        """The sequential test at this probe's error rates."""
+        return Sprt(alpha=float(self.alpha), beta=float(self.beta))
 
     @classmethod
     def quick(cls) -> RecallSettings:
@@ -62,7 +81,11 @@ class RecallSettings:
         return f"L{length}-s{sample}" if self.shared_prefix else f"L{length}-s{sample}-d{depths[0]:g}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "lengths": list(self.lengths), "depths": list(self.depths)}
+        out = {**asdict(self), "lengths": list(self.lengths), "depths": list(self.depths)}
+        if not self.sequential:  # a full grid's settings read as they did before the sequential test
+            for key in ("sequential", "alpha", "beta", "round_size"):
+                out.pop(key)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RecallSettings:
@@ -73,6 +96,10 @@ class RecallSettings:
             seed=int(data.get("seed", 0)),
             max_new_tokens=int(data.get("max_new_tokens", 24)),
             shared_prefix=bool(data.get("shared_prefix", False)),
+            sequential=bool(data.get("sequential", False)),
+            alpha=float(data.get("alpha", DEFAULT_ALPHA)),
+            beta=float(data.get("beta", DEFAULT_BETA)),
+            round_size=int(data.get("round_size", 2)),
         )
 
 
@@ -84,6 +111,7 @@ class RecallReport:
     cells: list[RecallCell] = field(default_factory=list)
     overall: RecallCell = field(default_factory=lambda: RecallCell.of(0, -1.0, []))
     elapsed_s: float = 0.0
+    stops: list[LengthStop] = field(default_factory=list)  # sequential: where each length stopped
 
     def __post_init__(self) -> None:
         if not self.cells:
@@ -107,6 +135,7 @@ class RecallReport:
             "cells": [c.to_json() for c in self.cells],
             "samples": [s.to_json() for s in self.samples],
             "elapsed_s": self.elapsed_s,
+            **({"stops": [s.to_json() for s in self.stops]} if self.stops else {}),
         }
 
     @classmethod
@@ -118,6 +147,7 @@ class RecallReport:
             cells=[RecallCell.from_json(c) for c in data["cells"]],
             overall=RecallCell.from_json(data["overall"]),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
+            stops=[LengthStop.from_json(s) for s in data.get("stops", [])],
         )
 
 
@@ -143,6 +173,103 @@ async def _build(
     return await build_conversation(conv_id, length, depths, seed, backend.count_tokens)
 
 
+class RecallReference:
+    """The reference of a sequential recall probe (the baseline): its backend and the answers it has
+    given so far. Each candidate asked against it asks it only the questions it lacks, so the
+    candidates of one run share its answers, and :meth:`report` is what it was asked."""
+
+    def __init__(self, backend: Backend, known: Sequence[RecallSample] = ()) -> None:
+        self.backend = backend
+        self.samples: dict[str, RecallSample] = {s.id: s for s in known}
+
+    def report(self, settings: RecallSettings) -> RecallReport:
+        return RecallReport(self.backend.name, settings, list(self.samples.values()))
+
+
+async def _ask(
+    backend: Backend, settings: RecallSettings, conv: Conversation, fact: Fact, counted: int
+) -> RecallSample:
+    answer = await backend.chat(conv.messages(fact), settings.max_new_tokens)
+    tokens = answer.prompt_tokens or counted  # a server that reports no usage: the count
+    return RecallSample(
+        conv.id, conv.length, fact.depth, fact.key, fact.value, answer.text,
+        is_correct(fact.value, answer.text), tokens,
+    )  # fmt: skip
+
+
+async def _conversations(
+    backend: Backend, settings: RecallSettings, todo: Sequence[tuple[int, int, tuple[float, ...]]]
+) -> list[tuple[Conversation, int]]:
+    convs = await asyncio.gather(*(_build(backend, settings, n, i, g) for n, i, g in todo))
+    for (_, tokens), (n, _, g) in zip(convs, todo, strict=True):
+        if tokens > n:
+            raise ProbeError(
+                f"the shortest conversation with {len(g)} fact(s) takes {tokens} tokens, more than the length {n}",
+                "use longer --lengths or fewer --depths",
+            )
+    return [(conv, n) for (conv, _), (n, _, _) in zip(convs, todo, strict=True)]
+
+
+async def _sequential(
+    backend: Backend,
+    settings: RecallSettings,
+    reference: RecallReference,
+    done: dict[str, RecallSample],
+    ask: Callable[[Conversation, Fact, int], Awaitable[tuple[str, RecallSample]]],
+) -> list[LengthStop]:
+    """Ask in rounds until every length is decided or its grid is spent; ``done`` gains the answers."""
+    test = settings.test()
+    groups = settings.groups()
+    order = {n: [g for g in groups if g[0] == n] for n in settings.lengths}
+    asked = dict.fromkeys(settings.lengths, 0)
+    decided: dict[int, str] = {}
+
+    async def ask_reference(conv: Conversation, fact: Fact, counted: int) -> tuple[str, RecallSample]:
+        return "reference", await _ask(reference.backend, settings, conv, fact, counted)
+
+    while True:
+        todo = []
+        for n in settings.lengths:
+            if n in decided:
+                continue
+            chunk = order[n][asked[n] : asked[n] + settings.round_size]
+            if not chunk:
+                decided[n] = "undecided"
+                continue
+            asked[n] += len(chunk)
+            todo += chunk
+        if not todo:
+            break
+        jobs: list[Any] = []
+        for conv, n in await _conversations(backend, settings, todo):
+            for fact in conv.facts:
+                sid = f"{conv.id}@{fact.depth:g}"
+                if sid not in done:
+                    jobs.append(ask(conv, fact, n))
+                if sid not in reference.samples:
+                    jobs.append(ask_reference(conv, fact, n))
+        for who, sample in await asyncio.gather(*jobs):
+            (done if who == "candidate" else reference.samples)[sample.id] = sample
+        for n in settings.lengths:
+            if n in decided:
+                continue
+            ids = [f"{settings.conversation_id(m, i, g)}@{d:g}" for m, i, g in order[n][: asked[n]] for d in g]
+            decision = paired_decision(test, [(reference.samples[i].correct, done[i].correct) for i in ids])
+            if decision is not None:
+                decided[n] = decision
+    stops = []
+    for n in settings.lengths:
+        ids = [f"{settings.conversation_id(m, i, g)}@{d:g}" for m, i, g in order[n][: asked[n]] for d in g]
+        stops.append(
+            LengthStop(
+                n, decided[n], len(ids), len(order[n]) * len(order[n][0][2]) if order[n] else 0,
+                sum(done[i].correct for i in ids), sum(reference.samples[i].correct for i in ids),
+                float(settings.alpha), float(settings.beta),
+            )
+        )  # fmt: skip
+    return stops
+
+
 async def arun_recall(
     backend: Backend,
     settings: RecallSettings,
@@ -152,50 +279,54 @@ async def arun_recall(
     progress: Progress | bool = False,
     known: Sequence[RecallSample] = (),
     on_sample: Callable[[RecallSample], None] | None = None,
+    reference: RecallReference | None = None,
 ) -> RecallReport:
     """The recall probe, async (see :func:`run_recall`). ``known`` samples are not asked again;
-    ``on_sample`` sees each new sample as it finishes (a recording appends it)."""
+    ``on_sample`` sees each new sample as it finishes (a recording appends it). With
+    ``settings.sequential`` and a ``reference`` the questions go in rounds against the reference's
+    (the reference asked only what it lacks) and each length stops once decided."""
     started = time.perf_counter()
     store = ResultsFile(results_path, "recall", settings.to_json(), resume) if results_path else None
     done = {s.id: s for s in (RecallSample.from_json(r) for r in (store.done if store else []))}
     done.update({s.id: s for s in known})
-    todo = [
-        (n, i, g)
-        for n, i, g in settings.groups()
-        if any(f"{settings.conversation_id(n, i, g)}@{d:g}" not in done for d in g)
-    ]
+    before = dict(done)
     total = len(settings.lengths) * settings.samples * len(settings.depths)
+    stops: list[LengthStop] = []
     try:
         with progress_bar(progress, f"recall {backend.name}", total, len(done)) as advance:
 
-            async def ask(conv: Conversation, fact: Fact, counted: int) -> RecallSample:
-                answer = await backend.chat(conv.messages(fact), settings.max_new_tokens)
-                tokens = answer.prompt_tokens or counted  # a server that reports no usage: the count
-                sample = RecallSample(
-                    conv.id, conv.length, fact.depth, fact.key, fact.value, answer.text,
-                    is_correct(fact.value, answer.text), tokens,
-                )  # fmt: skip
+            async def ask(conv: Conversation, fact: Fact, counted: int) -> tuple[str, RecallSample]:
+                sample = await _ask(backend, settings, conv, fact, counted)
                 if store:
                     store.append(sample.to_json())
                 if on_sample is not None:
                     on_sample(sample)
                 advance()
-                return sample
+                return "candidate", sample
 
-            convs = await asyncio.gather(*(_build(backend, settings, n, i, g) for n, i, g in todo))
-            for (_, tokens), (n, _, g) in zip(convs, todo, strict=True):
-                if tokens > n:
-                    raise ProbeError(
-                        f"the shortest conversation with {len(g)} fact(s) takes {tokens} tokens, "
-                        f"more than the length {n}",
-                        "use longer --lengths or fewer --depths",
-                    )
-            jobs = [ask(conv, f, n) for conv, n in convs for f in conv.facts if f"{conv.id}@{f.depth:g}" not in done]
-            fresh = await asyncio.gather(*jobs)
+            if settings.sequential and reference is not None:
+                stops = await _sequential(backend, settings, reference, done, ask)
+            else:
+                todo = [
+                    (n, i, g)
+                    for n, i, g in settings.groups()
+                    if any(f"{settings.conversation_id(n, i, g)}@{d:g}" not in done for d in g)
+                ]
+                jobs = [
+                    ask(conv, f, n)
+                    for conv, n in await _conversations(backend, settings, todo)
+                    for f in conv.facts
+                    if f"{conv.id}@{f.depth:g}" not in done
+                ]
+                for _, sample in await asyncio.gather(*jobs):
+                    done[sample.id] = sample
     finally:
         if store:
             store.close()
-    return RecallReport(backend.name, settings, [*done.values(), *fresh], elapsed_s=time.perf_counter() - started)
+    fresh = [s for k, s in done.items() if k not in before]
+    return RecallReport(
+        backend.name, settings, [*before.values(), *fresh], elapsed_s=time.perf_counter() - started, stops=stops
+    )
 
 
 def run_recall(
@@ -205,6 +336,11 @@ def run_recall(
     results_path: Path | None = None,
     resume: bool = False,
     progress: Progress | bool = False,
+    reference: RecallReference | None = None,
 ) -> RecallReport:
-    """Run the recall probe on ``backend``; finished samples go to ``results_path`` as JSON lines."""
-    return asyncio.run(arun_recall(backend, settings, results_path=results_path, resume=resume, progress=progress))
+    """Run the recall probe on ``backend``; finished samples go to ``results_path`` as JSON lines.
+    With ``settings.sequential`` and a ``reference``: in rounds, each length until decided."""
+    coro = arun_recall(
+        backend, settings, results_path=results_path, resume=resume, progress=progress, reference=reference
+    )
+    return asyncio.run(coro)

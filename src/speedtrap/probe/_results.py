@@ -68,6 +68,35 @@ class RecallCell:
 
 
 @dataclass(frozen=True)
+class LengthStop:
+    """Where a sequential recall probe stopped one length, and why (``speedtrap.probe._sequential``)."""
+
+    length: int
+    decision: str  # "lost", "kept" or "undecided" (ran to the grid's maximum)
+    asked: int  # questions asked of the candidate at this length
+    maximum: int  # the grid's questions at this length
+    correct: int  # the candidate's right answers among them
+    reference_correct: int  # the reference's right answers to the same questions
+    alpha: float
+    beta: float
+
+    def sentence(self) -> str:
+        """ "stopped after 6 of 10 questions: 1/6 against 6/6 at 1,280 tokens, lost (alpha 0.05)"."""
+        pair = f"{self.correct}/{self.asked} against {self.reference_correct}/{self.asked} at {self.length:,} tokens"
+        if self.decision == "undecided":
+            return f"undecided after all {self.maximum} questions: {pair}"
+        rate = f"alpha {self.alpha:g}" if self.decision == "lost" else f"beta {self.beta:g}"
+        return f"stopped after {self.asked} of {self.maximum} questions: {pair}, {self.decision} ({rate})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LengthStop:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class BucketStats:
     start: int  # positions [start, end) of the predicted tokens
     end: int

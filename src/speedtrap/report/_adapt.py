@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from speedtrap._shapes import CulpritSet, LayerGrowth
+from speedtrap.probe._results import LengthStop
 from speedtrap.report._model import (
     PHASE_ORDER,
     DivergenceRun,
@@ -70,7 +71,8 @@ def recall_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], com
     overall = doc.get("overall")
     # an older report without the pooled figures: pool the cells
     summary = pooled_cell(cells) if overall is None else shown_cell(dict(overall), pooled=True)
-    return RecallRun(label, patches, summary, cells, command)
+    stops = tuple(LengthStop.from_json(dict(s)).sentence() for s in doc.get("stops", []))
+    return RecallRun(label, patches, summary, cells, command, stops)
 
 
 def divergence_run(label: str, patches: tuple[str, ...], doc: Mapping[str, Any], command: str = "") -> DivergenceRun:

@@ -91,6 +91,13 @@ def _esc(text: object) -> str:
     return html.escape(str(text))
 
 
+def _stops_html(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    items = "".join(f"<li>{_esc(line)}</li>" for line in lines)
+    return f'<p class="meta">Sequential verdicts (each length asked in rounds until decided):</p><ul>{items}</ul>'
+
+
 def _table(t: Table, fail_col: int | None = None) -> str:
     if not t.rows:
         return '<p class="meta">(none)</p>'
@@ -174,7 +181,8 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
         out.append(
             '<h2 id="probes">Probes: planted-fact recall</h2><p class="meta">Multi-turn chats with facts planted at '
             "a depth of the conversation; greedy answers scored by substring; Wilson 95% intervals.</p>"
-            f"{_table(_tables.recall_table(data))}{_figures(figs, 'probes', grid='grid')}"
+            f"{_table(_tables.recall_table(data))}{_stops_html(_tables.recall_stops(data))}"
+            f"{_figures(figs, 'probes', grid='grid')}"
         )
     if data.divergence:
         out.append(

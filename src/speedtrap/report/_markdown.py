@@ -78,6 +78,10 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
     if data.recall:
         out.append("\n## Probes: planted-fact recall\n")
         out.append(_table(_tables.recall_table(data)))
+        stops = _tables.recall_stops(data)
+        if stops:
+            out.append("Sequential verdicts (each length asked in rounds until decided against the baseline):\n")
+            out += [f"- {line}\n" for line in stops]
         out.append(_figures(figs, "probes"))
     if data.divergence:
         out.append("\n## Probes: divergence by position\n")

@@ -244,15 +244,19 @@ class RecallRun:
     overall: RecallCell  # the whole grid pooled (length 0, depth -1)
     cells: tuple[RecallCell, ...]
     command: str = ""
+    stops: tuple[str, ...] = ()  # a sequential probe: where each length stopped and why
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "label": self.label,
             "patches": list(self.patches),
             "overall": cell_json(self.overall, OVERALL_SHOWN),
             "cells": [cell_json(c) for c in self.cells],
             "command": self.command,
         }
+        if self.stops:
+            out["stops"] = list(self.stops)
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RecallRun:
@@ -262,6 +266,7 @@ class RecallRun:
             shown_cell(d["overall"], pooled=True),
             tuple(shown_cell(c) for c in d.get("cells", [])),
             str(d.get("command", "")),
+            tuple(str(x) for x in d.get("stops", [])),
         )
 
 

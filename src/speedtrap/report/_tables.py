@@ -77,6 +77,12 @@ def recall_table(data: ReportData) -> Table:
     return Table(("configuration", "patches", "correct", "accuracy", "95% CI (Wilson)", "cells"), rows, (2, 3, 5))
 
 
+def recall_stops(data: ReportData) -> list[str]:
+    """Where each sequential run stopped and why, one line a run ("all patches: stopped after 6 of 10
+    questions: 0/6 against 6/6 at 1,280 tokens, lost (alpha 0.05); ...")."""
+    return [f"{run.label}: " + "; ".join(run.stops) + "." for run in data.recall if run.stops]
+
+
 def divergence_table(runs: Sequence[DivergenceRun]) -> Table:
     rows = []
     for run in runs:

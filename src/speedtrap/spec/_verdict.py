@@ -17,7 +17,10 @@ class Verdict:
 
     The default is ``DEFAULT_BOUND`` (``worst.kl_p99 <= 0.1``), the same as ``check --against``'s.
     ``near`` is a relative band around the bound in which a configuration is measured again;
-    ``repeats`` how many times at most; ``margin`` (recall_drop) an extra drop needed.
+    ``repeats`` how many times at most; ``margin`` (recall_drop) an extra drop needed. ``sequential``
+    asks a recall probe's questions in rounds against the baseline and stops each length once the
+    verdict is decided: ``alpha`` is the chance of calling a length lost that keeps its facts, ``beta``
+    the chance of calling one kept that loses half of them (``speedtrap.probe._sequential``).
     """
 
     rule: str = "threshold"
@@ -28,6 +31,9 @@ class Verdict:
     repeats: int = 2
     margin: float = 0.0  # recall_drop: extra drop (absolute) needed on top of non-overlapping intervals
     origin: str = ""  # how the bound was chosen when not given (e.g. derived from a noise floor)
+    alpha: float = 0.05  # sequential: the false-alarm rate (a configuration that keeps its facts called lost)
+    beta: float = 0.2  # sequential: the miss rate (one that loses half its facts or more called kept)
+    sequential: bool = True  # ask the probe in rounds and stop once the verdict is decided
 
     @classmethod
     def of_bound(cls, bound: Bound, near: float = 0.25, repeats: int = 2, origin: str = "") -> Verdict:
@@ -51,4 +57,6 @@ class Verdict:
         }
         if self.origin:
             out["origin"] = self.origin
+        if (self.alpha, self.beta, self.sequential) != (0.05, 0.2, True):  # the defaults read as before
+            out.update(alpha=self.alpha, beta=self.beta, sequential=self.sequential)
         return out
