@@ -29,7 +29,7 @@ from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._results import Config
 from speedtrap.manifest import ProbeSpec
-from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, TargetSpec, render
+from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, StackGuard, TargetSpec, render
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -202,16 +202,28 @@ class ServerOracle:
         self.reference_launches = 0  # live mode: reference servers started beside the trials
         self.recording_launches = 0  # recorded mode: baseline servers started to record (then stopped)
         self._recording: Any = _reference.from_bytes(recording, str(probe.reference)) if recording else None
-        self.launcher = Launcher(target, patches, probe.model)
+        self.launcher = Launcher(target, patches, probe.model, slots=1 + self._live_reference())
 
-    def prepare(self, run_dir: Path | None) -> None:
-        """Recorded mode: record the baseline configuration now (one server, stopped before any trial)."""
+    def _live_reference(self) -> int:
+        return int(self.probe.kind == "divergence" and self.probe.reference == "live")
+
+    def allow(self, trials: int) -> None:
+        """Let ``trials`` trials run at once from threads of this process (plus a live reference server): the
+        launch guard's slots (``speedtrap.stack.StackGuard``)."""
+        self.launcher.guard = StackGuard(max(1, trials) + self._live_reference())
+
+    def prepare(self, run_dir: Path | None, reuse: Path | None = None) -> None:
+        """Recorded mode: record the baseline configuration now (one server, stopped before any trial).
+
+        ``reuse``: a recording made earlier for the same probe (isolate's, for the run's evidence stage), taken
+        as it is when it is complete and holds these settings; else the baseline is recorded into ``run_dir``."""
         if self._recording is not None or not _reference.uses_recording(self.probe):
             return
         if self.probe.reference_file is not None:
             self._recording = _reference.load_file(self.probe)
-        else:
-            self._recording = _reference.record_server(self, run_dir)
+            return
+        found = _reference.load_matching(self.probe, reuse) if reuse is not None else None
+        self._recording = found if found is not None else _reference.record_server(self, run_dir)
 
     def identity(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -280,6 +292,8 @@ class ServerOracle:
 
     def measure(self, request: TrialRequest, attempt: int) -> Measurement:
         log = self._log(request, attempt)
+        if self._recording is None and _reference.uses_recording(self.probe):  # before the trial's stack: one alive
+            self.prepare(request.workdir.parent if request.workdir is not None else None)
         t0 = time.perf_counter()
         try:
             server, launch_s = self._start(request.config, log)
@@ -351,8 +365,8 @@ class ServerOracle:
         """Divergence of this trial's server from the recorded baseline (its identity checked first)."""
         from speedtrap import probe
 
-        if self._recording is None:
-            self.prepare(request.workdir.parent if request.workdir is not None else None)
+        if self._recording is None:  # measure() records it before the trial's stack starts
+            raise ProbeError("no recorded baseline to compare the trial with", "call prepare() before the trial")
 
         async def measure() -> Any:
             candidate = self.backend(server)

@@ -25,6 +25,7 @@ import httpx
 
 from speedtrap._errors import ServerError
 from speedtrap._redact import redact_argv
+from speedtrap.stack._alive import Slot
 
 _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
@@ -77,6 +78,7 @@ class Server:
         self.log_path = log_path
         self.port = port
         self.started = time.monotonic()
+        self.slot: Slot | None = None  # the launch guard's slot (``_alive``), given back once stopped
 
     @property
     def pid(self) -> int:
@@ -111,6 +113,8 @@ class Server:
         if self.proc.stdin is not None:  # the guard's lifeline: closed once the group is gone
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+        if self.slot is not None:
+            self.slot.release()
         return self.proc.returncode
 
     def __enter__(self) -> Server:

@@ -26,6 +26,7 @@ import httpx
 
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap._redact import redact_env
+from speedtrap.stack._alive import Slot
 from speedtrap.stack._diagnose import diagnose, error_line, exited, log_sizes, unhealthy
 from speedtrap.stack._launch import LaunchSpec, Server, check_command, free_port, render, start
 from speedtrap.stack._records import write_record
@@ -161,6 +162,7 @@ class Stack:
         self.port = self.launches[entry].port
         self.log_path = self.logs[entry]
         self.started = time.monotonic()
+        self.slot: Slot | None = None  # the launch guard's slot (``_alive``), given back once every role stopped
 
     @property
     def pid(self) -> int:
@@ -199,6 +201,8 @@ class Stack:
             self.record = None
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.slot is not None:
+            self.slot.release()
         return None
 
     def __enter__(self) -> Stack:
