@@ -6,15 +6,17 @@ and its pid (``TINY_PIDS``); a second launch while one stack is alive must raise
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from speedtrap.isolate import load_isolate_manifest
+from speedtrap.isolate import TrialRequest, load_isolate_manifest
 from speedtrap.isolate._oracle import ServerOracle
 from speedtrap.stack import Launcher, SecondStack, StackGuard
 
@@ -110,7 +112,7 @@ def test_a_run_that_asks_for_more_stacks_gets_that_many_and_no_more(tmp_path: Pa
 
 def test_a_launch_that_fails_gives_its_slot_back(tmp_path: Path) -> None:
     manifest = load_isolate_manifest(_manifest(tmp_path))
-    broken = type(manifest.target)(**{**manifest.target.__dict__, "start_timeout": 2.0})
+    broken = dataclasses.replace(manifest.target, start_timeout=2.0)
     launcher = Launcher(broken, manifest.patches)
     env = {"TINY_NEVER_HEALTHY": "1"}
     with pytest.raises(Exception, match="did not become healthy"):
@@ -141,3 +143,32 @@ def test_a_killed_holder_frees_its_slot_and_scopes_do_not_meet(tmp_path: Path) -
     slot.release()
     slot.release()  # idempotent
     assert not (root / "run-a").exists()
+
+
+def test_a_server_healthy_at_health_that_dies_on_its_first_request_is_named_with_its_last_line(
+    tmp_path: Path,
+) -> None:
+    """vLLM with expert parallelism on a CPU without AMX: /health said 200, then a crash on the first request.
+    The trial's error names the server's role and the engine's own last line, in seconds (no hang)."""
+    manifest = load_isolate_manifest(_manifest(tmp_path))
+    target = type(manifest.target)(
+        **{**manifest.target.__dict__, "env": (*manifest.target.env, ("TINY_DIE_ON_REQUEST", "1"))}
+    )
+    probe = type(manifest.probe)(kind="command", argv=(sys.executable, "-c", _POST, "{base_url}"), timeout=30)
+    oracle = ServerOracle(target, manifest.patches, probe)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Exception) as caught:
+            oracle.measure(TrialRequest((), 0, tmp_path / "trials", "trial-0001"), 1)
+    finally:
+        oracle.close()
+    text = str(caught.value)
+    assert time.monotonic() - t0 < 30
+    assert "role 'server'" in text and "exited (code 1)" in text, text
+    assert "RuntimeError: pin_memory=True requires a CUDA" in text, text
+
+
+_POST = (
+    "import sys, json, urllib.request;"
+    "urllib.request.urlopen(urllib.request.Request(sys.argv[1] + '/v1/completions', data=b'{}'), timeout=20)"
+)

@@ -26,6 +26,7 @@ import httpx
 from speedtrap._errors import ServerError
 from speedtrap._redact import redact_argv
 from speedtrap.stack._alive import Slot
+from speedtrap.stack._diagnose import error_line
 
 _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
@@ -93,10 +94,19 @@ class Server:
         if code is None:
             return None
         how = f"signal {-code}" if code < 0 else f"code {code}"
+        line = error_line(self.log_path)  # the engine's own last word (a crash on its first request, say)
         return ServerError(
-            f"the server exited ({how}) during the trial; read its log: {self.log_path}",
+            f"role {self.role!r} exited ({how}) during the trial{': ' + line if line else ''}; "
+            f"read its log: {self.log_path}",
             "check the log; a crash that repeats for one configuration is reported as a failed trial",
+            log=self.log_path,
         )
+
+    @property
+    def role(self) -> str:
+        """The role this process runs: ``server`` for a target launched as one process."""
+        where = self.spec.where
+        return where.split(".")[2] if where.startswith("target.roles.") else "server"
 
     def stop(self) -> int | None:
         """SIGTERM to the process group, then SIGKILL after ``stop_timeout``; returns the exit code."""
