@@ -276,12 +276,13 @@ class ServerOracle:
         stack = self.target.stack
         if stack is not None and isinstance(server, Stack):
             role = stack.model_roles[0] if stack.model_roles else stack.entry.name
-            kw["tokenize_url"] = f"http://127.0.0.1:{server.launches[role].port}"
+            kw["tokenize_url"] = server.url(role)
             prompt = [r.name for r in stack.roles if r.prompt_logprobs]
             if prompt and kw["api"] == "sglang":
-                kw["prompt_url"] = f"http://127.0.0.1:{server.launches[prompt[0]].port}"
+                kw["prompt_url"] = server.url(prompt[0])
             if self.target.request_timeout is not None:
                 kw.update(timeout=self.target.request_timeout, retry_timeouts=False)
+            return probe.HttpBackend(server.url(), model, **kw)
         return probe.HttpBackend(f"http://127.0.0.1:{server.port}", model, **kw)
 
     def reference(self, request: TrialRequest) -> Server:
@@ -331,7 +332,7 @@ class ServerOracle:
 
     def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], dict[str, Any] | None]:
         """The trial's figures and its probe report's JSON (None for a command probe)."""
-        base_url = f"http://127.0.0.1:{server.port}"
+        base_url = server.url() if isinstance(server, Stack) else f"http://127.0.0.1:{server.port}"
         if self.probe.kind == "command":
             return run_command_probe(self.probe, base_url, request), None
         from speedtrap import probe

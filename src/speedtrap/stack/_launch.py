@@ -80,6 +80,7 @@ class Server:
         self.port = port
         self.started = time.monotonic()
         self.slot: Slot | None = None  # the launch guard's slot (``_alive``), given back once stopped
+        self.node: str | None = None  # the Ray node it runs on, for a role placed there (None: this machine)
 
     @property
     def pid(self) -> int:

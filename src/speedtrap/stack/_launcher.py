@@ -24,7 +24,7 @@ from typing import Any
 from speedtrap.stack._alive import Slot, StackGuard
 from speedtrap.stack._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
 from speedtrap.stack._roles import StackSpec, role_switches
-from speedtrap.stack._running import RoleLaunch, Stack, launch_stack, preflight, put_first, stack_launches
+from speedtrap.stack._running import Placement, RoleLaunch, Stack, launch_stack, preflight, put_first, stack_launches
 from speedtrap.stack._spec import PatchSpec, TargetSpec
 from speedtrap.stack._worktree import Worktrees
 
@@ -42,6 +42,7 @@ class Launcher:
         a live reference beside them); every launcher of the run shares them (``StackGuard``)."""
         self.target = target
         self.guard = StackGuard(slots)
+        self.placement: Placement | None = None  # roles on Ray nodes (``isolate._ray_roles``); None: this machine
         self.patches = {p.name: p for p in patches}
         self.order = [p.name for p in patches]
         self.model = model or target.served_model or "default"  # what the first request names
@@ -114,6 +115,7 @@ class Launcher:
             self.target.cwd,
             worktrees,
             self.target.pythonpath,
+            self.placement,
         )
 
     def start_stack(
@@ -146,7 +148,7 @@ class Launcher:
         scratch_root = stem.parent / f"{stem.name}.scratch" if stack.scratch else None
         scratch = {name: scratch_root / name for name in stack.scratch} if scratch_root is not None else {}
         launches = self.stack_launches(config, scratch, extra_env)
-        preflight(stack, launches)
+        preflight(stack, launches, self.placement is not None)
         if scratch_root is not None:
             if scratch_root.exists():
                 shutil.rmtree(scratch_root)  # never a folder of an earlier launch: a stale KV hides patches
@@ -162,6 +164,7 @@ class Launcher:
             self.target.start_timeout,
             request if stack.first_request else None,
             self.target.request_timeout,
+            self.placement,
         )
 
     def start(
