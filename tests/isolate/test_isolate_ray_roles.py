@@ -119,3 +119,41 @@ def test_the_manifest_keys_are_read_and_checked(tmp_path: Path) -> None:
     roles["decode"]["resources"] = {"GPU": "one"}
     with pytest.raises(ManifestError, match=r"target\.roles\.decode\.resources\.GPU = 'one'"):
         load_isolate_manifest(write_stack(tmp_path, roles, PATCHES, name="bad.toml"))
+
+
+def test_a_role_killed_on_its_node_is_named_with_the_node_nothing_is_left_and_resume_finishes(
+    cluster: Any, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    lineage = tmp_path / "lineage.txt"
+    env = {"TINY_LINEAGE": str(lineage), "TINY_GROUP": "{router.port}", "TINY_STAY": "1"}
+    roles = _placed_roles(tmp_path, WHERE, router={"TINY_PROBE_DELAY": "3"})  # the first trial lasts 3 s
+    path = write_stack(tmp_path, roles, PATCHES, {"env": env, "retries": 0})
+    manifest = load_isolate_manifest(path)
+    got: list[Any] = []
+    with RayExecutor() as executor:
+        thread = threading.Thread(target=lambda: got.append(isolate(manifest, tmp_path / "run", executor=executor)))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (lineage.exists() and len(lineage.read_text().splitlines()) >= 3):
+            time.sleep(0.1)
+        time.sleep(1)  # the stack up, its first trial's probe waiting on the router
+        first = [line.split() for line in lineage.read_text().splitlines()]
+        prefill = next(int(pid) for role, _g, pid, _c in first if role == "prefill")
+        os.kill(prefill, signal.SIGKILL)
+        thread.join(120)
+    [result] = got
+    prefill_node = next(n["NodeID"] for n in ray.nodes() if n.get("Labels", {}).get("speedtrap") == "a")
+    errors = [t.error or "" for t in result.trials if t.error]
+    assert result.status is Status.ERROR and errors, result.message
+    assert "role 'prefill'" in errors[0] and "signal 9" in errors[0] and prefill_node[:12] in errors[0], errors[0]
+    pids = [int(line.split()[2]) for line in lineage.read_text().splitlines()]
+    time.sleep(1)
+    assert [p for p in pids if os.path.exists(f"/proc/{p}")] == []  # nothing of any stack left on any node
+    with RayExecutor() as executor:
+        resumed = isolate(manifest, tmp_path / "run", resume=True, executor=executor)
+    assert resumed.status is Status.FOUND and resumed.culprit_names == [("p1@prefill",)]

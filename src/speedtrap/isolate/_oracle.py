@@ -317,7 +317,7 @@ class ServerOracle:
                         raise _with_log(ServerError(f"{found.problem} ({what})", found.fix), found.log or log) from None
                     if "got no answer within" in what:
                         raise _with_log(server.diagnose(what, since), log) from None
-                died = server.died()
+                died = _died_soon(server)
                 if died is not None:
                     raise _with_log(died, died.log or log) from None
                 if isinstance(exc, (ProbeError, ServerError)):
@@ -385,6 +385,17 @@ class ServerOracle:
             self._reference.stop()
             self._reference = None
         self.launcher.close()
+
+
+def _died_soon(server: Server, wait: float = 1.0) -> SpeedtrapError | None:
+    """The server's exit error when it exits within ``wait`` seconds of a failed probe (a crash on a request
+    shows to the client before the kernel reaps the process), else None."""
+    deadline = time.monotonic() + wait
+    while True:
+        died = server.died()
+        if died is not None or time.monotonic() >= deadline:
+            return died
+        time.sleep(0.05)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -242,7 +242,8 @@ class RayPlacement:
 
         log.parent.mkdir(parents=True, exist_ok=True)
         pid = ray.get(self.actors[role].start.remote(spec, str(log), port), timeout=_CALL_S)
-        return RemoteServer(self.actors[role], spec, log, port, self.nodes[role], pid)
+        node = f"{self.nodes[role][:12]} at {self.hosts[role]}"  # Ray's node id, as `ray list nodes` shows it
+        return RemoteServer(self.actors[role], spec, log, port, node, pid)
 
     def placement(self) -> dict[str, str]:
         """Each role's Ray node id."""

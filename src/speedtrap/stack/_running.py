@@ -289,8 +289,10 @@ def _wait_wave(stack: Stack, wave: Sequence[str], client: httpx.Client, deadline
             name = next(n for n in stack.order if stack.servers[n].proc.poll() is not None)
             line = error_line(stack.logs[name])
             on = f" on node {stack.servers[name].node}" if stack.servers[name].node else ""
+            code = stack.servers[name].proc.returncode or 0
+            how = f"signal {-code}" if code < 0 else f"code {code}"
             raise ServerError(
-                f"role {name!r} exited (code {stack.servers[name].proc.returncode}){on} before the stack became healthy"
+                f"role {name!r} exited ({how}){on} before the stack became healthy"
                 f"{': ' + line if line else ''}; read its log: {stack.logs[name]}",
                 "fix that role's launch or the patch's switches on it; its log says why it stopped",
                 log=stack.logs[name],
