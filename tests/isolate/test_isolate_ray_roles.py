@@ -157,3 +157,17 @@ def test_a_role_killed_on_its_node_is_named_with_the_node_nothing_is_left_and_re
     with RayExecutor() as executor:
         resumed = isolate(manifest, tmp_path / "run", resume=True, executor=executor)
     assert resumed.status is Status.FOUND and resumed.culprit_names == [("p1@prefill",)]
+
+
+def test_the_report_names_each_roles_node_and_ranks(tmp_path: Path) -> None:
+    from speedtrap.report._adapt import isolation_section
+
+    roles = _placed_roles(tmp_path, WHERE)
+    roles["decode"]["launch"] = [*roles["decode"]["launch"], "--tp", "2"]
+    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    doc = {"status": "found", "target": manifest.target.identity()}
+    notes = isolation_section(doc).notes
+    assert notes == (
+        "the stack's roles: prefill on node speedtrap=a, 1 rank; decode on node b, 2 ranks; "
+        "router on node speedtrap=head, 1 rank",
+    ), notes

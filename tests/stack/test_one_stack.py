@@ -81,6 +81,11 @@ def test_a_second_stack_while_one_is_alive_raises_and_starts_nothing(tmp_path: P
     per_stack = len(_launches(tmp_path))
     assert per_stack == (2 if roles else 1)
     try:
+        if roles:  # inspect names each role's node and ranks (both here: this machine, no --tp)
+            from speedtrap.stack import inspect_stack
+
+            shown = {r.role: (r.node, r.ranks) for r in inspect_stack(tmp_path / "speedtrap.toml").roles}
+            assert shown == {"decode": ("this machine", 1), "router": ("this machine", 1)}, shown
         with pytest.raises(SecondStack, match=r"configuration bad_gemm .*already has one stack alive.*base\.log"):
             second.start(("bad_gemm",), tmp_path / "trial.log")
         assert len(_launches(tmp_path)) == per_stack  # refused before any process of it started

@@ -24,7 +24,6 @@ from speedtrap._errors import UsageError
 from speedtrap.stack import LaunchSpec, RoleSpec, Server, StackSpec, free_port, start
 
 _CALL_S = 30.0  # how long a call to a role's actor may take before its node counts as gone
-RANK_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")
 
 
 def placed(stack: StackSpec | None) -> bool:
@@ -33,14 +32,7 @@ def placed(stack: StackSpec | None) -> bool:
 
 
 def role_ranks(role: RoleSpec) -> int:
-    """The ranks (processes with a share of the model) a role's launch asks for: its ``--tp`` value, else 1."""
-    argv = list(role.launch)
-    for i, arg in enumerate(argv):
-        for flag in RANK_FLAGS:
-            value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else (argv[i + 1] if arg == flag else None)
-            if value is not None and i + 1 <= len(argv) and value.isdigit():
-                return max(1, int(value))
-    return 1
+    return role.ranks
 
 
 def _node_name(node: Mapping[str, Any]) -> str:

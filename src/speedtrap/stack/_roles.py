@@ -46,6 +46,7 @@ from speedtrap.stack._launch import render
 ROLE_KEYS = {
     "launch", "env", "health", "ports", "after", "host", "entry", "runs_model", "prompt_logprobs", "node", "resources",
 }  # fmt: skip
+RANK_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")  # a role's tensor-parallel ranks
 LOCAL_HOST = "127.0.0.1"  # {host} and {ROLE.host} of a role launched on this machine
 STACK_KEYS = {"roles", "scratch", "agree", "first_request"}
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
@@ -69,6 +70,25 @@ class RoleSpec:
     prompt_logprobs: bool = False  # the probe asks the prompt's logprobs of this role directly (a PD prefill)
     node: str | None = None  # executor = "ray": the Ray node label this role runs on (``key=value`` or a value)
     resources: tuple[tuple[str, float], ...] = ()  # executor = "ray": what this role's bundle reserves (CPU, GPU, ...)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks (processes holding a share of the model) its launch asks for: its ``--tp`` value, else 1."""
+        argv = list(self.launch)
+        for i, arg in enumerate(argv):
+            for flag in RANK_FLAGS:
+                value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else None
+                if arg == flag and i + 1 < len(argv):
+                    value = argv[i + 1]
+                if value is not None and value.isdigit():
+                    return max(1, int(value))
+        return 1
+
+    def where(self) -> str:
+        """Where the manifest places it, in words: ``node speedtrap=a`` / ``any Ray node`` / ``this machine``."""
+        if self.node is not None:
+            return f"node {self.node}"
+        return "any Ray node" if self.resources else "this machine"
 
     @property
     def placed(self) -> bool:
