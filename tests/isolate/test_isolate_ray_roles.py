@@ -171,3 +171,20 @@ def test_the_report_names_each_roles_node_and_ranks(tmp_path: Path) -> None:
         "the stack's roles: prefill on node speedtrap=a, 1 rank; decode on node b, 2 ranks; "
         "router on node speedtrap=head, 1 rank",
     ), notes
+
+
+def test_search_parallel_places_that_many_whole_stacks_each_spread_over_the_nodes(cluster: Any, tmp_path: Path) -> None:
+    import itertools
+
+    roles = _placed_roles(tmp_path, WHERE, router={"TINY_PROBE_DELAY": "1"})  # trials long enough to overlap
+    for name in roles:
+        roles[name]["resources"] = {"CPU": 0.5}  # two stacks fit: half a CPU per role, the head holds one
+    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    with RayExecutor(workers=2) as executor:
+        result = isolate(manifest, tmp_path / "run", executor=executor)
+        groups = executor.placement()
+    assert result.status is Status.FOUND and result.culprit_names == [("p1@prefill",)]
+    assert len(groups) == 2 and all(len(set(g["nodes"])) == 3 for g in groups), groups
+    assert groups[0]["nodes"] == groups[1]["nodes"]  # each role on its labelled node, in both stacks
+    spans = sorted((t.started, t.finished) for t in result.trials)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # two stacks alive at once, as asked
