@@ -4,7 +4,9 @@
 store: workers return trial records and the driver commits each one as it comes back, so
 ``--resume`` works exactly as with the local executor.
 
-A stack's trial runs whole on one node, its worker in a placement group of one bundle per role (``_ray_place``).
+A stack's trial runs whole on one node, its worker in a placement group of one bundle per role (``_ray_place``);
+a stack whose roles say where they run gets a bundle per role on its own node, each role launched there by its
+own actor (``_ray_roles``).
 
 Each worker builds the oracle from its recipe once (an in-process model loads once per worker; a
 divergence reference server starts once per worker) and runs one trial at a time; a worker is an
