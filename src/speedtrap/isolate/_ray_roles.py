@@ -16,6 +16,7 @@ exist) and a role asking for more ranks (``--tp``) than any of its nodes has cor
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,6 @@ _CALL_S = 30.0  # how long a call to a role's actor may take before its node cou
 def placed(stack: StackSpec | None) -> bool:
     """Whether the stack's roles go each on its own node (a role says where it runs)."""
     return stack is not None and any(r.placed for r in stack.roles)
-
-
-def role_ranks(role: RoleSpec) -> int:
-    return role.ranks
 
 
 def _node_name(node: Mapping[str, Any]) -> str:
@@ -70,8 +67,8 @@ def _matching(role: RoleSpec, nodes: Sequence[Mapping[str, Any]]) -> list[Mappin
 def role_bundle(role: RoleSpec) -> dict[str, float]:
     """What the role's bundle reserves: its ``resources``, else one CPU per rank."""
     if role.resources:
-        return {k: v for k, v in role.resources if v > 0} or {"CPU": float(role_ranks(role))}
-    return {"CPU": float(role_ranks(role))}
+        return {k: v for k, v in role.resources if v > 0} or {"CPU": float(role.ranks)}
+    return {"CPU": float(role.ranks)}
 
 
 def check_roles(stack: StackSpec, nodes: Sequence[Mapping[str, Any]]) -> None:
@@ -79,7 +76,7 @@ def check_roles(stack: StackSpec, nodes: Sequence[Mapping[str, Any]]) -> None:
     alive = [n for n in nodes if n.get("Alive", True)]
     for role in stack.roles:
         candidates = _matching(role, alive)
-        ranks = role_ranks(role)
+        ranks = role.ranks
         bundle = role_bundle(role)
         kind = "GPU" if bundle.get("GPU", 0) > 0 else "CPU"
         most = max((float(n.get("Resources", {}).get(kind, 0.0)) for n in candidates), default=0.0)
@@ -132,10 +129,6 @@ class RoleHost:
     def poll(self) -> int | None:
         return self.server.proc.poll() if self.server is not None else None
 
-    def pids(self) -> list[int]:
-        """The guard's pid and its server's (read off the guard's first log line)."""
-        return [self.server.pid] if self.server is not None else []
-
     def stop(self) -> int | None:
         if self.server is None:
             return None
@@ -173,9 +166,9 @@ class RemoteServer(Server):
         self.slot = None
         self._pid = pid
         self.proc = _RemoteProc(self)  # type: ignore[assignment]
-        import time
-
         self.started = time.monotonic()
+        self.before: set[str] = set()  # its node's files are its actor's Server's to clean up
+        self.removed: list[str] = []
 
     @property
     def pid(self) -> int:
