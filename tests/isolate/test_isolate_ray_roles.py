@@ -17,7 +17,8 @@ import pytest
 from test_isolate_roles import PATCHES, pd_roles, write_stack
 
 from speedtrap._errors import UsageError
-from speedtrap.isolate import RayExecutor, Status, isolate, load_isolate_manifest
+from speedtrap.isolate import RayExecutor, Status, isolate
+from speedtrap.manifest import load_manifest
 
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need `pip install 'speedtrap[ray]'`")
 
@@ -62,7 +63,7 @@ def _placed_roles(tmp_path: Path, where: dict[str, str], **extra: dict[str, str]
 def test_prefill_decode_and_router_each_on_its_node_give_the_local_verdict(cluster: Any, tmp_path: Path) -> None:
     lineage = tmp_path / "lineage.txt"
     env = {"TINY_EVENTS": str(tmp_path / "events.txt"), "TINY_LINEAGE": str(lineage), "TINY_GROUP": "{router.port}"}
-    manifest = load_isolate_manifest(write_stack(tmp_path, _placed_roles(tmp_path, WHERE), PATCHES, {"env": env}))
+    manifest = load_manifest(write_stack(tmp_path, _placed_roles(tmp_path, WHERE), PATCHES, {"env": env}))
     local = isolate(manifest, tmp_path / "local")  # the same stack on this machine (the labels unused)
     assert local.status is Status.FOUND and local.culprit_names == [("p1@prefill",)]
     lineage.unlink()
@@ -83,7 +84,7 @@ def test_prefill_decode_and_router_each_on_its_node_give_the_local_verdict(clust
 
 def test_a_label_no_node_carries_is_refused_naming_the_nodes(cluster: Any, tmp_path: Path) -> None:
     where = {**WHERE, "decode": "speedtrap=gpu-z"}
-    manifest = load_isolate_manifest(write_stack(tmp_path, _placed_roles(tmp_path, where), PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, _placed_roles(tmp_path, where), PATCHES))
     with RayExecutor() as executor, pytest.raises(UsageError) as caught:
         isolate(manifest, tmp_path / "run", executor=executor)
     text = caught.value.one_line()
@@ -97,7 +98,7 @@ def test_a_role_asking_for_more_ranks_than_its_node_has_cores_is_refused_before_
 ) -> None:
     roles = _placed_roles(tmp_path, WHERE)
     roles["prefill"]["launch"] = [*roles["prefill"]["launch"], "--tp", "4"]
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES))
     with RayExecutor() as executor, pytest.raises(UsageError) as caught:
         isolate(manifest, tmp_path / "run", executor=executor)
     text = caught.value.one_line()
@@ -110,7 +111,7 @@ def test_the_manifest_keys_are_read_and_checked(tmp_path: Path) -> None:
     from speedtrap._errors import ManifestError
 
     roles = _placed_roles(tmp_path, WHERE)
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES))
     stack = manifest.target.stack
     assert stack is not None
     assert {r.name: r.node for r in stack.roles} == WHERE
@@ -118,7 +119,7 @@ def test_the_manifest_keys_are_read_and_checked(tmp_path: Path) -> None:
     assert json.dumps(stack.to_json())  # node and resources in the stack's identity
     roles["decode"]["resources"] = {"GPU": "one"}
     with pytest.raises(ManifestError, match=r"target\.roles\.decode\.resources\.GPU = 'one'"):
-        load_isolate_manifest(write_stack(tmp_path, roles, PATCHES, name="bad.toml"))
+        load_manifest(write_stack(tmp_path, roles, PATCHES, name="bad.toml"))
 
 
 def test_a_role_killed_on_its_node_is_named_with_the_node_nothing_is_left_and_resume_finishes(
@@ -133,7 +134,7 @@ def test_a_role_killed_on_its_node_is_named_with_the_node_nothing_is_left_and_re
     env = {"TINY_LINEAGE": str(lineage), "TINY_GROUP": "{router.port}", "TINY_STAY": "1"}
     roles = _placed_roles(tmp_path, WHERE, router={"TINY_PROBE_DELAY": "3"})  # the first trial lasts 3 s
     path = write_stack(tmp_path, roles, PATCHES, {"env": env, "retries": 0})
-    manifest = load_isolate_manifest(path)
+    manifest = load_manifest(path)
     got: list[Any] = []
     with RayExecutor() as executor:
         thread = threading.Thread(target=lambda: got.append(isolate(manifest, tmp_path / "run", executor=executor)))
@@ -164,7 +165,7 @@ def test_the_report_names_each_roles_node_and_ranks(tmp_path: Path) -> None:
 
     roles = _placed_roles(tmp_path, WHERE)
     roles["decode"]["launch"] = [*roles["decode"]["launch"], "--tp", "2"]
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES))
     doc = {"status": "found", "target": manifest.target.identity()}
     notes = isolation_section(doc).notes
     assert notes == (
@@ -179,7 +180,7 @@ def test_search_parallel_places_that_many_whole_stacks_each_spread_over_the_node
     roles = _placed_roles(tmp_path, WHERE, router={"TINY_PROBE_DELAY": "1"})  # trials long enough to overlap
     for name in roles:
         roles[name]["resources"] = {"CPU": 0.5}  # two stacks fit: half a CPU per role, the head holds one
-    manifest = load_isolate_manifest(write_stack(tmp_path, roles, PATCHES))
+    manifest = load_manifest(write_stack(tmp_path, roles, PATCHES))
     with RayExecutor(workers=2) as executor:
         result = isolate(manifest, tmp_path / "run", executor=executor)
         groups = executor.placement()

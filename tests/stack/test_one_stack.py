@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from speedtrap.isolate import TrialRequest, load_isolate_manifest
+from speedtrap.isolate import TrialRequest
 from speedtrap.isolate._oracle import ServerOracle
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import Launcher, SecondStack, StackGuard
 
 TINY_SERVER = Path(__file__).resolve().parents[1] / "isolate" / "tiny_server.py"
@@ -74,7 +75,7 @@ def _launches(tmp_path: Path) -> list[str]:
 
 @pytest.mark.parametrize("roles", [False, True], ids=["server", "stack-of-roles"])
 def test_a_second_stack_while_one_is_alive_raises_and_starts_nothing(tmp_path: Path, roles: bool) -> None:
-    manifest = load_isolate_manifest(_manifest(tmp_path, roles))
+    manifest = load_manifest(_manifest(tmp_path, roles))
     first = Launcher(manifest.target, manifest.patches)
     second = Launcher(manifest.target, manifest.patches)  # another stage's launcher, same run
     server, _ = first.start((), tmp_path / "base.log")
@@ -84,7 +85,8 @@ def test_a_second_stack_while_one_is_alive_raises_and_starts_nothing(tmp_path: P
         if roles:  # inspect names each role's node and ranks (both here: this machine, no --tp)
             from speedtrap.stack import inspect_stack
 
-            shown = {r.role: (r.node, r.ranks) for r in inspect_stack(tmp_path / "speedtrap.toml").roles}
+            report = inspect_stack(tmp_path / "speedtrap.toml", manifest.target, manifest.patches)
+            shown = {r.role: (r.node, r.ranks) for r in report.roles}
             assert shown == {"decode": ("this machine", 1), "router": ("this machine", 1)}, shown
         with pytest.raises(SecondStack, match=r"configuration bad_gemm .*already has one stack alive.*base\.log"):
             second.start(("bad_gemm",), tmp_path / "trial.log")
@@ -97,7 +99,7 @@ def test_a_second_stack_while_one_is_alive_raises_and_starts_nothing(tmp_path: P
 
 
 def test_a_run_that_asks_for_more_stacks_gets_that_many_and_no_more(tmp_path: Path) -> None:
-    manifest = load_isolate_manifest(_manifest(tmp_path))
+    manifest = load_manifest(_manifest(tmp_path))
     oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
     oracle.allow(2)  # search.parallel = 2, trials on threads
     a, _ = oracle.start((), tmp_path / "a.log")
@@ -116,7 +118,7 @@ def test_a_run_that_asks_for_more_stacks_gets_that_many_and_no_more(tmp_path: Pa
 
 
 def test_a_launch_that_fails_gives_its_slot_back(tmp_path: Path) -> None:
-    manifest = load_isolate_manifest(_manifest(tmp_path))
+    manifest = load_manifest(_manifest(tmp_path))
     broken = dataclasses.replace(manifest.target, start_timeout=2.0)
     launcher = Launcher(broken, manifest.patches)
     env = {"TINY_NEVER_HEALTHY": "1"}
@@ -155,7 +157,7 @@ def test_a_server_healthy_at_health_that_dies_on_its_first_request_is_named_with
 ) -> None:
     """vLLM with expert parallelism on a CPU without AMX: /health said 200, then a crash on the first request.
     The trial's error names the server's role and the engine's own last line, in seconds (no hang)."""
-    manifest = load_isolate_manifest(_manifest(tmp_path))
+    manifest = load_manifest(_manifest(tmp_path))
     target = type(manifest.target)(
         **{**manifest.target.__dict__, "env": (*manifest.target.env, ("TINY_DIE_ON_REQUEST", "1"))}
     )
