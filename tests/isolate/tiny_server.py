@@ -20,6 +20,7 @@ process stays up (vLLM's API server over a dead engine core): it logs an ``Engin
 answers 503 and requests 500; ``TINY_DIE_ON_REQUEST``: healthy, it dies (exit 1, an error line in its log) on
 its first POST /v1/completions (SGLang's prefill without its CPU switch); ``TINY_HANG``: its first request
 (/figures or a completion) never gets an answer, and neither does anything after it, /health included.
+``TINY_BIND``: the address it listens on (127.0.0.1 unless set; a role reached from other nodes: 0.0.0.0).
 ``TINY_LINEAGE`` names a file that gets ``ROLE GROUP PID ANCESTORS`` (``TINY_GROUP``: the trial's key).
 """
 
@@ -150,7 +151,7 @@ if __name__ == "__main__":
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))
     print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
-    httpd = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    httpd = ThreadingHTTPServer((os.environ.get("TINY_BIND", "127.0.0.1"), PORT), Handler)
     event("ready")
     if os.environ.get("TINY_BREAK_AFTER"):
 

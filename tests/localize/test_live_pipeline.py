@@ -5,17 +5,21 @@ switched on as a server gets them (a config key on the command line, an env var)
 construction: ``hash_topk_routed_scaling`` applies ``routed_scaling_factor`` a second time in layers 0-5, and
 ``fused_rmsnorm`` computes the same function. The report must name the culprit, a first divergent module in
 layer 0's MoE, exponent 2 in layers 0-5 and 1 elsewhere, 1 everywhere in the base, and say where it was measured.
+A watcher counts the served stacks alive every 0.2 s (ground truth from /proc): one at most, in every stage (the
+evidence stage used to record its baseline while a trial's server was still up: two alive).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _watch import ServerWatcher, argv_has, descends_from
 from speedtrap.report import schema_errors
 
 pytestmark = pytest.mark.slow
@@ -56,8 +60,10 @@ def test_run_on_a_server_manifest_localizes_the_culprit_inside_the_server(tmp_pa
     manifest.write_text(MANIFEST.format(launch=json.dumps(launch)))
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "speedtrap", "run", "--manifest", str(manifest), "--quick", "--out", str(out)]
-    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=1500, check=False)
+    with ServerWatcher(argv_has(b"serve", b"smol-moe"), descends_from(os.getpid())) as watcher:
+        done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=1500, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert watcher.most == 1 and len(watcher.seen) >= 4, (watcher.most, len(watcher.seen))
     summary = json.loads(done.stdout)
     assert summary["errors"] == [] and [c["patches"] for c in summary["verdict"]["culprits"]] == [
         ["hash_topk_routed_scaling"]

@@ -269,7 +269,9 @@ def _inspect_stack(manifest: Path, as_json: bool) -> None:
         return
     for role in report.roles:
         pids = ", ".join(f"{p.pid} {p.name}" for p in role.processes) or "none (the role is not running)"
-        out_console.print(f"role {role.role} (port {role.port}; log {role.log}): {pids}", highlight=False, markup=False)
+        where = f"on {role.node}, {role.ranks} rank{'s' if role.ranks != 1 else ''}"
+        line = f"role {role.role} {where} (port {role.port}; log {role.log}): {pids}"
+        out_console.print(line, highlight=False, markup=False)
         table = Table("patch", "gate", "state", "evidence", title=f"role {role.role}: gates from {role.gates_from}")
         for g in role.gates:
             table.add_row(g.patch, g.gate.describe(), g.state, g.evidence)

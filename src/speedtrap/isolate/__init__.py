@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from speedtrap.isolate._oracle import FunctionOracle, InProcessOracle, ServerOracle, report_figures
     from speedtrap.isolate._ray import RayExecutor, TrialResources
+    from speedtrap.isolate._reference import RECORDING_NAME
     from speedtrap.isolate._relations import Relations, minimal_transversals
     from speedtrap.isolate._rules import RecallDropRule, Rule, ThresholdRule, rule_from_spec
     from speedtrap.isolate._run import isolate, load_in_process, make_executor, manifest_for_target
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PROBE",
     "DEFAULT_VERDICT",
+    "RECORDING_NAME",
     "CommitPatch",
     "Conclusion",
     "CulpritSet",
@@ -108,6 +110,7 @@ __all__ = [
 _LAZY = {
     "DEFAULT_PROBE": "speedtrap.isolate._defaults",
     "DEFAULT_VERDICT": "speedtrap.isolate._defaults",
+    "RECORDING_NAME": "speedtrap.isolate._reference",
     "Evaluator": "speedtrap.isolate._evaluate",
     "Executor": "speedtrap.isolate._executor",
     "FunctionOracle": "speedtrap.isolate._oracle",

@@ -29,7 +29,7 @@ from speedtrap.isolate import _reference
 from speedtrap.isolate._executor import Measurement, OracleRecipe, TrialRequest
 from speedtrap.isolate._results import Config
 from speedtrap.manifest import ProbeSpec
-from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, TargetSpec, render
+from speedtrap.stack import Launcher, LaunchSpec, PatchSpec, Server, Stack, StackGuard, TargetSpec, render
 
 if TYPE_CHECKING:
     from speedtrap.targets import InProcessModel
@@ -202,16 +202,28 @@ class ServerOracle:
         self.reference_launches = 0  # live mode: reference servers started beside the trials
         self.recording_launches = 0  # recorded mode: baseline servers started to record (then stopped)
         self._recording: Any = _reference.from_bytes(recording, str(probe.reference)) if recording else None
-        self.launcher = Launcher(target, patches, probe.model)
+        self.launcher = Launcher(target, patches, probe.model, slots=1 + self._live_reference())
 
-    def prepare(self, run_dir: Path | None) -> None:
-        """Recorded mode: record the baseline configuration now (one server, stopped before any trial)."""
+    def _live_reference(self) -> int:
+        return int(self.probe.kind == "divergence" and self.probe.reference == "live")
+
+    def allow(self, trials: int) -> None:
+        """Let ``trials`` trials run at once from threads of this process (plus a live reference server): the
+        launch guard's slots (``speedtrap.stack.StackGuard``)."""
+        self.launcher.guard = StackGuard(max(1, trials) + self._live_reference())
+
+    def prepare(self, run_dir: Path | None, reuse: Path | None = None) -> None:
+        """Recorded mode: record the baseline configuration now (one server, stopped before any trial).
+
+        ``reuse``: a recording made earlier for the same probe (isolate's, for the run's evidence stage), taken
+        as it is when it is complete and holds these settings; else the baseline is recorded into ``run_dir``."""
         if self._recording is not None or not _reference.uses_recording(self.probe):
             return
         if self.probe.reference_file is not None:
             self._recording = _reference.load_file(self.probe)
-        else:
-            self._recording = _reference.record_server(self, run_dir)
+            return
+        found = _reference.load_matching(self.probe, reuse) if reuse is not None else None
+        self._recording = found if found is not None else _reference.record_server(self, run_dir)
 
     def identity(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -264,12 +276,13 @@ class ServerOracle:
         stack = self.target.stack
         if stack is not None and isinstance(server, Stack):
             role = stack.model_roles[0] if stack.model_roles else stack.entry.name
-            kw["tokenize_url"] = f"http://127.0.0.1:{server.launches[role].port}"
+            kw["tokenize_url"] = server.url(role)
             prompt = [r.name for r in stack.roles if r.prompt_logprobs]
             if prompt and kw["api"] == "sglang":
-                kw["prompt_url"] = f"http://127.0.0.1:{server.launches[prompt[0]].port}"
+                kw["prompt_url"] = server.url(prompt[0])
             if self.target.request_timeout is not None:
                 kw.update(timeout=self.target.request_timeout, retry_timeouts=False)
+            return probe.HttpBackend(server.url(), model, **kw)
         return probe.HttpBackend(f"http://127.0.0.1:{server.port}", model, **kw)
 
     def reference(self, request: TrialRequest) -> Server:
@@ -280,6 +293,8 @@ class ServerOracle:
 
     def measure(self, request: TrialRequest, attempt: int) -> Measurement:
         log = self._log(request, attempt)
+        if self._recording is None and _reference.uses_recording(self.probe):  # before the trial's stack: one alive
+            self.prepare(request.workdir.parent if request.workdir is not None else None)
         t0 = time.perf_counter()
         try:
             server, launch_s = self._start(request.config, log)
@@ -302,7 +317,7 @@ class ServerOracle:
                         raise _with_log(ServerError(f"{found.problem} ({what})", found.fix), found.log or log) from None
                     if "got no answer within" in what:
                         raise _with_log(server.diagnose(what, since), log) from None
-                died = server.died()
+                died = _died_soon(server)
                 if died is not None:
                     raise _with_log(died, died.log or log) from None
                 if isinstance(exc, (ProbeError, ServerError)):
@@ -317,7 +332,7 @@ class ServerOracle:
 
     def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], dict[str, Any] | None]:
         """The trial's figures and its probe report's JSON (None for a command probe)."""
-        base_url = f"http://127.0.0.1:{server.port}"
+        base_url = server.url() if isinstance(server, Stack) else f"http://127.0.0.1:{server.port}"
         if self.probe.kind == "command":
             return run_command_probe(self.probe, base_url, request), None
         from speedtrap import probe
@@ -351,8 +366,8 @@ class ServerOracle:
         """Divergence of this trial's server from the recorded baseline (its identity checked first)."""
         from speedtrap import probe
 
-        if self._recording is None:
-            self.prepare(request.workdir.parent if request.workdir is not None else None)
+        if self._recording is None:  # measure() records it before the trial's stack starts
+            raise ProbeError("no recorded baseline to compare the trial with", "call prepare() before the trial")
 
         async def measure() -> Any:
             candidate = self.backend(server)
@@ -370,6 +385,17 @@ class ServerOracle:
             self._reference.stop()
             self._reference = None
         self.launcher.close()
+
+
+def _died_soon(server: Server, wait: float = 1.0) -> SpeedtrapError | None:
+    """The server's exit error when it exits within ``wait`` seconds of a failed probe (a crash on a request
+    shows to the client before the kernel reaps the process), else None."""
+    deadline = time.monotonic() + wait
+    while True:
+        died = server.died()
+        if died is not None or time.monotonic() >= deadline:
+            return died
+        time.sleep(0.05)
 
 
 def _first_line(exc: BaseException) -> str:

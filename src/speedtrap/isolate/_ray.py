@@ -4,7 +4,9 @@
 store: workers return trial records and the driver commits each one as it comes back, so
 ``--resume`` works exactly as with the local executor.
 
-A stack's trial runs whole on one node, its worker in a placement group of one bundle per role (``_ray_place``).
+A stack's trial runs whole on one node, its worker in a placement group of one bundle per role (``_ray_place``);
+a stack whose roles say where they run gets a bundle per role on its own node, each role launched there by its
+own actor (``_ray_roles``).
 
 Each worker builds the oracle from its recipe once (an in-process model loads once per worker; a
 divergence reference server starts once per worker) and runs one trial at a time; a worker is an
@@ -35,6 +37,7 @@ from typing import Any
 from speedtrap._errors import SpeedtrapError, UsageError
 from speedtrap.isolate._executor import Oracle, OracleRecipe, TrialOutcome, TrialRequest, oracle_recipe, run_trial
 from speedtrap.isolate._ray_place import group_table, remove_group, stack_placement, stack_roles
+from speedtrap.isolate._ray_roles import check_roles, placed
 
 # What a worker sends back beside the record: files under this size (server logs, probe reports).
 _MAX_FILE_BYTES = 8 << 20
@@ -89,10 +92,12 @@ class _Worker:
     rebuild (a module missing on its node) is an error of the run, not a dead worker.
     """
 
-    def __init__(self, recipe: bytes, env: Mapping[str, str]) -> None:
+    def __init__(self, recipe: bytes, env: Mapping[str, str], group: Any = None, roles: Sequence[str] = ()) -> None:
         os.environ.update(env)
         self.recipe = recipe
         self.oracle: Oracle | None = None
+        self.group, self.roles = group, tuple(roles)  # roles on their own nodes: the stack's placement group
+        self.placement: Any = None
 
     def where(self) -> tuple[str, int]:
         import ray
@@ -102,6 +107,11 @@ class _Worker:
     def run(self, request: TrialRequest, retries: int) -> tuple[TrialOutcome, dict[str, bytes]]:
         if self.oracle is None:
             self.oracle = _rebuild(self.recipe)
+            if self.group is not None:  # each role launched by its own actor, on its bundle's node
+                from speedtrap.isolate._ray_roles import RayPlacement
+
+                self.placement = RayPlacement(self.group, self.roles)
+                self.oracle.launcher.placement = self.placement  # type: ignore[attr-defined]
         outcome = run_trial(self.oracle, request, retries)
         return outcome, _trial_files(request)
 
@@ -114,6 +124,9 @@ class _Worker:
                 self.oracle.close()
             self.oracle = None
         stop_all()
+        if self.placement is not None:
+            self.placement.close()
+            self.placement = None
 
 
 def _rebuild(recipe: bytes) -> Oracle:
@@ -212,6 +225,8 @@ class RayExecutor:
                 "lower --workers or [search] resources, or add nodes",
             )
         self.capacity = workers or fits
+        self._spread: Any = None  # a stack whose roles each go on their own node (``_ray_roles``)
+        self._spread_capacity = workers or 1  # whole stacks placed at once then: search.parallel, else one
         self._slots: list[_Slot] = []
         self._recipe = b""  # the oracle's recipe, pickled once per oracle
         self._roles: tuple[str, ...] = ()  # a stack's roles: each slot is a placement group of one bundle each
@@ -232,7 +247,15 @@ class RayExecutor:
         if self.resources.custom:
             options["resources"] = dict(self.resources.custom)
         group = None
-        if self._roles:  # a trial's whole stack on one node (preferably not the dead worker's)
+        args: tuple[Any, ...] = ()
+        if self._spread is not None:  # each role on its own node: the worker holds nothing, its role actors do
+            from speedtrap.isolate._ray_roles import stack_group
+
+            group = stack_group(self._spread, [n for n in ray.nodes() if n.get("Alive")])
+            options.update(num_cpus=0, num_gpus=0)
+            options.pop("resources", None)
+            args = (group, self._roles)
+        elif self._roles:  # a trial's whole stack on one node (preferably not the dead worker's)
             other = self._other_node(avoid_node) if avoid_node else None
             group, placed = stack_placement(self.resources, self._roles, other)
             options.update(placed)
@@ -247,7 +270,7 @@ class RayExecutor:
         env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         env.setdefault("OMP_NUM_THREADS", str(max(1, int(self.resources.num_cpus))))
         # Two threads: close() must reach a worker whose trial is still running (to stop its servers).
-        actor = ray.remote(_Worker).options(max_concurrency=2, **options).remote(self._recipe, env)
+        actor = ray.remote(_Worker).options(max_concurrency=2, **options).remote(self._recipe, env, *args)
         return _Slot(actor, group=group)
 
     def _other_node(self, avoid: str) -> str | None:
@@ -283,6 +306,12 @@ class RayExecutor:
                 ) from None
             self._oracle = oracle
             self._roles = stack_roles(oracle)
+            stack = getattr(getattr(oracle, "target", None), "stack", None)
+            self._spread = stack if placed(stack) else None
+            if self._spread is not None:  # refused before anything is placed: a missing label, too many ranks
+                check_roles(self._spread, self._ray.nodes())
+                wanted = min(wanted, self._spread_capacity)
+                self.capacity = self._spread_capacity
         new = [self._new_slot() for _ in range(max(0, wanted - len(self._slots)))]
         self._locate(new)
         self._slots.extend(new)

@@ -3,8 +3,8 @@
 A trial of a stack of roles (prefill, decode, router) runs whole on one node: the slot's placement group
 holds one bundle per role (the trial's resources shared evenly), packed on one node (``STRICT_PACK``), and
 the worker that launches every role of the trial runs in its first bundle. The other bundles stay reserved
-for the roles the worker starts as processes of that node. Roles spread across nodes are a design, not built
-(docs/multi-process.md).
+for the roles the worker starts as processes of that node. A stack whose roles say where they run (``node``,
+``resources``) is placed role by role instead, each on its own node (``_ray_roles``).
 """
 
 from __future__ import annotations

@@ -51,6 +51,20 @@ def load_file(probe: ProbeSpec) -> Any:
     return recording
 
 
+def load_matching(probe: ProbeSpec, path: Path) -> Any:
+    """The complete recording at ``path`` when it holds this probe's settings, else None (nothing recorded)."""
+    from speedtrap import probe as probe_pkg
+
+    if not path.is_file():
+        return None
+    try:
+        recording = probe_pkg.read_recording(path)
+        check_settings(probe, recording)
+    except (probe_pkg.RecordingError, ManifestError):
+        return None
+    return recording
+
+
 def from_bytes(data: bytes, where: str) -> Any:
     from speedtrap import probe as probe_pkg
 

@@ -157,6 +157,8 @@ def _isolate(
             oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest))
         else:
             oracle = ServerOracle(manifest.target, patches, manifest.probe)
+    if isinstance(oracle, ServerOracle) and isinstance(executor, ThreadExecutor):
+        oracle.allow(executor.capacity)  # search.parallel stacks at once, from threads of this process
     names = [p.name for p in patches]
     for i, name in enumerate(manifest.prior):
         if name not in names:

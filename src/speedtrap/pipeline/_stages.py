@@ -108,13 +108,16 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
         assert isinstance(settings, probes.DivergenceSettings)
         baseline = probes.InProcessBackend(model, [])
         return probes.run_divergence(baseline, candidate, settings, progress=False).to_json()
-    from speedtrap.isolate import ServerOracle, TrialRequest
+    from speedtrap.isolate import RECORDING_NAME, ServerOracle, TrialRequest
 
     manifest = ctx.server_manifest()
     spec = server_probe(ctx, kind)
     oracle = ServerOracle(manifest.target, manifest.patches, spec)
     label = f"{kind}-{patches_slug(config)}"
     try:
+        # the baseline recorded before the trial's stack starts (isolate's recording when it holds these
+        # settings): a recording made while the trial's stack ran was a second stack alive on the node
+        oracle.prepare(ctx.run_dir / PROBES_DIR, reuse=ctx.run_dir / ISOLATE_DIR / RECORDING_NAME)
         measurement = oracle.measure(TrialRequest(config, 0, ctx.run_dir / PROBES_DIR / ".logs", label), 1)
     finally:
         oracle.close()
@@ -175,7 +178,12 @@ def server_probe(ctx: Context, kind: Kind) -> Any:
     typed = ctx.settings.probe(kind)
     asked = ctx.server_manifest().probe
     return ProbeSpec(
-        kind=typed.kind, preset=typed.preset, settings=dict(typed.settings), api=asked.api, model=asked.model
+        kind=typed.kind,
+        preset=typed.preset,
+        settings=dict(typed.settings),
+        api=asked.api,
+        model=asked.model,
+        reference=asked.reference,  # the manifest's recording (a file) or mode, as isolate's trials have it
     )
 
 

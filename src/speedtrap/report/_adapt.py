@@ -5,7 +5,7 @@ the run-directory loader turns into a line of the report's "Missing" section."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedtrap._shapes import CulpritSet, LayerGrowth
@@ -116,10 +116,29 @@ def isolation_section(doc: Mapping[str, Any], command: str = "") -> IsolationSec
         judgements=tuple(shown_judgement(j) for j in doc.get("judgements", [])),
         launches=int(doc.get("launches", 0)),
         reused=int(doc.get("reused", 0)),
-        notes=tuple(str(n) for n in doc.get("notes", [])),
+        notes=(*(str(n) for n in doc.get("notes", [])), *_role_notes(doc)),
         command=command,
         commits=tuple(_commit_row(doc, dict(c)) for c in doc.get("commits", [])),
     )
+
+
+def _role_notes(doc: Mapping[str, Any]) -> list[str]:
+    """Where each role of the searched stack ran and its ranks (a stack of roles only): one note."""
+    roles = ((doc.get("target") or {}).get("stack") or {}).get("roles") or []
+    if not roles:
+        return []
+    parts = []
+    for r in roles:
+        node = f"node {r['node']}" if r.get("node") else ("any Ray node" if r.get("resources") else "one node")
+        ranks = _ranks(r.get("launch") or [])
+        parts.append(f"{r.get('name', '?')} on {node}, {ranks} rank{'s' if ranks != 1 else ''}")
+    return ["the stack's roles: " + "; ".join(parts)]
+
+
+def _ranks(argv: Sequence[Any]) -> int:
+    from speedtrap.stack import RoleSpec
+
+    return RoleSpec("role", tuple(str(a) for a in argv)).ranks
 
 
 def _commit_row(doc: Mapping[str, Any], c: dict[str, Any]) -> CommitRow:

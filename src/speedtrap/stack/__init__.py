@@ -12,6 +12,8 @@ Below the stages that launch stacks (isolate's trials, the CI gate's recording, 
         ...  # probe it at http://127.0.0.1:{server.port}
 
 - the manifest's ``[target]`` and ``[[patches]]`` (:func:`parse_target`, :func:`parse_patches`);
+- one stack alive: every launch takes a slot of the run's :class:`StackGuard` first, and a second stack while one
+  is alive raises :class:`SecondStack` (a bug of the stage that launched it);
 - one server or a stack of roles launched under a guard that takes it down when the launcher dies
   (:class:`Server`, :class:`Stack`), health, the first real request, scratch folders;
 - commit patches applied in a git worktree per subset (:class:`Worktrees`);
@@ -21,6 +23,7 @@ Below the stages that launch stacks (isolate's trials, the CI gate's recording, 
 
 from __future__ import annotations
 
+from speedtrap.stack._alive import SecondStack, Slot, StackGuard
 from speedtrap.stack._commits import CommitConflict, CommitTrees, GitFailed, git
 from speedtrap.stack._from_pids import FromPids, init_from_pids
 from speedtrap.stack._inspect import GateState, InspectReport, Switched, gate_state, inspect_process, read_process
@@ -78,8 +81,11 @@ __all__ = [
     "RoleLaunch",
     "RoleReport",
     "RoleSpec",
+    "SecondStack",
     "Server",
+    "Slot",
     "Stack",
+    "StackGuard",
     "StackReport",
     "StackSpec",
     "Switched",

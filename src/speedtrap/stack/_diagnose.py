@@ -65,8 +65,9 @@ def exited(stack: Stack, since: Mapping[str, int] | None = None) -> ServerError 
             continue
         how = f"signal {-code}" if code < 0 else f"code {code}"
         line = error_line(server.log_path, (since or {}).get(name, 0))
+        on = f" on node {server.node}" if server.node else ""
         return ServerError(
-            f"role {name!r} of the stack exited ({how}){_said(line)}; read its log: {server.log_path}",
+            f"role {name!r} of the stack exited ({how}){on}{_said(line)}; read its log: {server.log_path}",
             "check that role's log; any role exiting ends the trial as an error, never a pass",
             log=server.log_path,
         )

@@ -48,6 +48,8 @@ class RoleReport:
     gates_from: str = ""
     argv: list[str] = field(default_factory=list)  # the leader's command line (redacted), else the recorded one
     switches: dict[str, str] = field(default_factory=dict)  # engine switches (SGLANG_*, VLLM_*, ...) it runs with
+    node: str = "this machine"  # where it runs: a Ray node (id and address) for a role placed on one
+    ranks: int = 1  # the tensor-parallel ranks its launch asks for
 
     @property
     def patches_on(self) -> list[str]:
@@ -71,6 +73,8 @@ class RoleReport:
             "gates": [g.to_json() for g in self.gates],
             "argv": self.argv,
             "switches": self.switches,
+            "node": self.node,
+            "ranks": self.ranks,
         }
 
 
@@ -172,6 +176,7 @@ def inspect_stack(manifest_path: Path, target: TargetSpec, patches: Sequence[Pat
         children = _children(guard)
         leader_pid = children[0] if children else None
         report = RoleReport(name, guard, int(row.get("port", 0)), str(row.get("log", "")), None)
+        report.node, report.ranks = str(row.get("node", "this machine")), int(row.get("ranks", 1))
         leader_env: dict[str, str] | None = None
         if leader_pid is not None:
             leader, leader_env = _state(leader_pid, launch_keys)

@@ -25,6 +25,9 @@ import httpx
 
 from speedtrap._errors import ServerError
 from speedtrap._redact import redact_argv
+from speedtrap.stack._alive import Slot
+from speedtrap.stack._diagnose import error_line
+from speedtrap.stack._leftovers import existing, group_pids, held_files, remove_left
 
 _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
@@ -77,6 +80,10 @@ class Server:
         self.log_path = log_path
         self.port = port
         self.started = time.monotonic()
+        self.slot: Slot | None = None  # the launch guard's slot (``_alive``), given back once stopped
+        self.node: str | None = None  # the Ray node it runs on, for a role placed there (None: this machine)
+        self.before: set[str] = set()  # /dev/shm files and socket paths of the node before it started
+        self.removed: list[str] = []  # what its stop removed: shared memory and sockets it left behind
 
     @property
     def pid(self) -> int:
@@ -91,14 +98,24 @@ class Server:
         if code is None:
             return None
         how = f"signal {-code}" if code < 0 else f"code {code}"
+        line = error_line(self.log_path)  # the engine's own last word (a crash on its first request, say)
         return ServerError(
-            f"the server exited ({how}) during the trial; read its log: {self.log_path}",
+            f"role {self.role!r} exited ({how}) during the trial{': ' + line if line else ''}; "
+            f"read its log: {self.log_path}",
             "check the log; a crash that repeats for one configuration is reported as a failed trial",
+            log=self.log_path,
         )
+
+    @property
+    def role(self) -> str:
+        """The role this process runs: ``server`` for a target launched as one process."""
+        where = self.spec.where
+        return where.split(".")[2] if where.startswith("target.roles.") else "server"
 
     def stop(self) -> int | None:
         """SIGTERM to the process group, then SIGKILL after ``stop_timeout``; returns the exit code."""
         _LIVE.discard(self)
+        held = held_files(group_pids(self.proc.pid))  # its shared memory and sockets, read while they live
         if self.proc.poll() is None:
             _signal_group(self.proc, signal.SIGTERM)
             try:
@@ -111,6 +128,9 @@ class Server:
         if self.proc.stdin is not None:  # the guard's lifeline: closed once the group is gone
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+        self.removed += remove_left(held, self.before)
+        if self.slot is not None:
+            self.slot.release()
         return self.proc.returncode
 
     def __enter__(self) -> Server:
@@ -144,6 +164,7 @@ def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
     """Start the process (no shell, own session, under the guard), logging to ``log_path``; does not wait."""
     check_command(spec)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    before = existing()
     guarded = [sys.executable, "-I", str(_GUARD), f"{spec.stop_timeout:g}", *spec.argv]
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(redact_argv(spec.argv))}\n".encode())  # the log lands in run directories
@@ -163,6 +184,7 @@ def start(spec: LaunchSpec, log_path: Path, port: int = 0) -> Server:
                 f"{spec.where}: cannot start {spec.argv[0]!r}: {exc}", "check the launch command"
             ) from None
     server = Server(proc, spec, log_path, port)
+    server.before = before
     _LIVE.add(server)
     return server
 

@@ -8,7 +8,8 @@ the patches switched on (per role on a stack), commits applied in a worktree put
 value is the role's name (``server`` for a single launch).
 
 Isolate's trials, the CI gate's recording and live localize all launch through here, so the three launch
-a configuration the same way.
+a configuration the same way, and every launch takes a slot of the run's launch guard first (``_alive``): a
+second stack while one is alive raises :class:`SecondStack` unless the run asked for more at once (``slots``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from speedtrap.stack._alive import Slot, StackGuard
 from speedtrap.stack._launch import LaunchSpec, Server, free_port, render, start, wait_healthy
-from speedtrap.stack._roles import role_switches
-from speedtrap.stack._running import RoleLaunch, Stack, launch_stack, preflight, put_first, stack_launches
+from speedtrap.stack._roles import StackSpec, role_switches
+from speedtrap.stack._running import Placement, RoleLaunch, Stack, launch_stack, preflight, put_first, stack_launches
 from speedtrap.stack._spec import PatchSpec, TargetSpec
 from speedtrap.stack._worktree import Worktrees
 
@@ -33,8 +35,14 @@ FIRST_PROMPT = "The first request of a speedtrap trial:"
 class Launcher:
     """Starts the target for a configuration; the caller stops what it gets (a Server, or a Stack of roles)."""
 
-    def __init__(self, target: TargetSpec, patches: Sequence[PatchSpec], model: str | None = None) -> None:
+    def __init__(
+        self, target: TargetSpec, patches: Sequence[PatchSpec], model: str | None = None, slots: int = 1
+    ) -> None:
+        """``slots``: how many stacks of this run may be alive at once on this node (parallel trials on threads,
+        a live reference beside them); every launcher of the run shares them (``StackGuard``)."""
         self.target = target
+        self.guard = StackGuard(slots)
+        self.placement: Placement | None = None  # roles on Ray nodes (``isolate._ray_roles``); None: this machine
         self.patches = {p.name: p for p in patches}
         self.order = [p.name for p in patches]
         self.model = model or target.served_model or "default"  # what the first request names
@@ -107,6 +115,7 @@ class Launcher:
             self.target.cwd,
             worktrees,
             self.target.pythonpath,
+            self.placement,
         )
 
     def start_stack(
@@ -119,11 +128,27 @@ class Launcher:
         """
         stack = self.target.stack
         assert stack is not None
+        slot = self._take(config, log)
+        try:
+            running, seconds = self._start_stack(stack, config, log, extra_env)
+        except BaseException:
+            slot.release()
+            raise
+        running.slot = slot
+        return running, seconds
+
+    def _take(self, config: Sequence[str], log: Path) -> Slot:
+        what = "the base configuration" if not config else "configuration " + " + ".join(config)
+        return self.guard.take(f"{what} (log {log})")
+
+    def _start_stack(
+        self, stack: StackSpec, config: Sequence[str], log: Path, extra_env: Mapping[str, str] | None
+    ) -> tuple[Stack, float]:
         stem = log.with_suffix("")
         scratch_root = stem.parent / f"{stem.name}.scratch" if stack.scratch else None
         scratch = {name: scratch_root / name for name in stack.scratch} if scratch_root is not None else {}
         launches = self.stack_launches(config, scratch, extra_env)
-        preflight(stack, launches)
+        preflight(stack, launches, self.placement is not None)
         if scratch_root is not None:
             if scratch_root.exists():
                 shutil.rmtree(scratch_root)  # never a folder of an earlier launch: a stale KV hides patches
@@ -139,6 +164,7 @@ class Launcher:
             self.target.start_timeout,
             request if stack.first_request else None,
             self.target.request_timeout,
+            self.placement,
         )
 
     def start(
@@ -148,8 +174,14 @@ class Launcher:
         if self.target.stack is not None:
             stack, seconds = self.start_stack(config, log, extra_env)
             return stack, seconds  # type: ignore[return-value]  # a Stack quacks like a Server
-        port = free_port()
-        server = start(self.launch_spec(config, port, extra_env), log, port)
+        slot = self._take(config, log)
+        try:
+            port = free_port()
+            server = start(self.launch_spec(config, port, extra_env), log, port)
+        except BaseException:
+            slot.release()
+            raise
+        server.slot = slot  # wait_healthy stops a server that fails, which gives the slot back
         return server, wait_healthy(server)
 
     def worktree(self, config: Sequence[str]) -> Path | None:

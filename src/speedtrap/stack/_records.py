@@ -38,6 +38,8 @@ def write_record(stack: Stack) -> None:
                 "ports": dict(stack.launches[name].ports),
                 "log": str(stack.logs[name]),
                 "host": stack.launches[name].role.host,
+                "node": stack.servers[name].node or "this machine",  # a role placed on a Ray node: that node
+                "ranks": stack.launches[name].role.ranks,
                 "env": dict(stack.launches[name].recorded_env),
                 "argv": redact_argv(stack.launches[name].spec.argv),
             }

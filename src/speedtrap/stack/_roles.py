@@ -43,7 +43,11 @@ from speedtrap._fields import first_cycle, no_unknown, str_list, str_table
 from speedtrap._redact import redact_argv, redact_env
 from speedtrap.stack._launch import render
 
-ROLE_KEYS = {"launch", "env", "health", "ports", "after", "host", "entry", "runs_model", "prompt_logprobs"}
+ROLE_KEYS = {
+    "launch", "env", "health", "ports", "after", "host", "entry", "runs_model", "prompt_logprobs", "node", "resources",
+}  # fmt: skip
+RANK_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")  # a role's tensor-parallel ranks
+LOCAL_HOST = "127.0.0.1"  # {host} and {ROLE.host} of a role launched on this machine
 STACK_KEYS = {"roles", "scratch", "agree", "first_request"}
 DEFAULT_HEALTH = "http://127.0.0.1:{port}/health"
 _POLL_S = 0.2
@@ -64,10 +68,38 @@ class RoleSpec:
     entry: bool = False
     runs_model: bool = True
     prompt_logprobs: bool = False  # the probe asks the prompt's logprobs of this role directly (a PD prefill)
+    node: str | None = None  # executor = "ray": the Ray node label this role runs on (``key=value`` or a value)
+    resources: tuple[tuple[str, float], ...] = ()  # executor = "ray": what this role's bundle reserves (CPU, GPU, ...)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks (processes holding a share of the model) its launch asks for: its ``--tp`` value, else 1."""
+        argv = list(self.launch)
+        for i, arg in enumerate(argv):
+            for flag in RANK_FLAGS:
+                value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else None
+                if arg == flag and i + 1 < len(argv):
+                    value = argv[i + 1]
+                if value is not None and value.isdigit():
+                    return max(1, int(value))
+        return 1
+
+    def where(self) -> str:
+        """Where the manifest places it, in words: ``node speedtrap=a`` / ``any Ray node`` / ``this machine``."""
+        if self.node is not None:
+            return f"node {self.node}"
+        return "any Ray node" if self.resources else "this machine"
+
+    @property
+    def placed(self) -> bool:
+        """The role says where it runs on a Ray cluster (its own bundle, on its own node)."""
+        return self.node is not None or bool(self.resources)
 
     def to_json(self) -> dict[str, Any]:
         return {
             **({"prompt_logprobs": True} if self.prompt_logprobs else {}),  # left out when false: identities hold
+            **({"node": self.node} if self.node is not None else {}),
+            **({"resources": dict(self.resources)} if self.resources else {}),
             "name": self.name,
             "launch": redact_argv(self.launch),
             "env": redact_env(dict(self.env))[0],
@@ -177,7 +209,14 @@ def parse_stack(raw: Mapping[str, Any], manifest: Path | None) -> StackSpec | No
     if not isinstance(first, bool):
         raise ManifestError("target.first_request must be true or false", "write first_request = true")
     stack = StackSpec(tuple(roles), scratch, agree, first, str(manifest.resolve()) if manifest else "")
-    known = {"model", "port", *(f"port.{p}" for r in roles for p in r.ports), *(f"scratch.{s}" for s in scratch)}
+    known = {
+        "model",
+        "port",
+        "host",
+        *(f"port.{p}" for r in roles for p in r.ports),
+        *(f"scratch.{s}" for s in scratch),
+    }
+    known |= {f"{r.name}.host" for r in roles}
     for r in roles:
         own = {f"port.{p}" for p in r.ports}
         others = {f"{o.name}.port" for o in roles} | {f"{o.name}.port.{p}" for o in roles for p in o.ports}
@@ -188,8 +227,8 @@ def parse_stack(raw: Mapping[str, Any], manifest: Path | None) -> StackSpec | No
                     continue
                 raise ManifestError(
                     f"target.roles.{r.name}.{where} uses {{{key}}}, which is not a placeholder of this stack",
-                    "use {port}, {port.NAME} (ports = [...]), {ROLE.port}, {ROLE.port.NAME}, {scratch.NAME} "
-                    "(target.scratch) or {model}",
+                    "use {port}, {port.NAME} (ports = [...]), {ROLE.port}, {ROLE.port.NAME}, {host}, {ROLE.host}, "
+                    "{scratch.NAME} (target.scratch) or {model}",
                 )
     return stack
 
@@ -239,6 +278,12 @@ def _role(name: str, raw: Any) -> RoleSpec:
     for key in ("entry", "runs_model", "prompt_logprobs"):
         if key in raw and not isinstance(raw[key], bool):
             raise ManifestError(f"{where}.{key} must be true or false", f"write {key} = true")
+    node = raw.get("node")
+    if node is not None and (not isinstance(node, str) or not node.strip() or node.count("=") > 1):
+        raise ManifestError(
+            f"{where}.node must be a Ray node label (value, or key=value)", 'write node = "prefill-node" or drop it'
+        )
+    resources = _resources(raw.get("resources", {}), f"{where}.resources")
     return RoleSpec(
         name,
         tuple(argv),
@@ -250,7 +295,20 @@ def _role(name: str, raw: Any) -> RoleSpec:
         bool(raw.get("entry", False)),
         bool(raw.get("runs_model", True)),
         bool(raw.get("prompt_logprobs", False)),
+        None if node is None else node.strip(),
+        resources,
     )
+
+
+def _resources(raw: Any, where: str) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where} must be a table of amounts", "write resources = { CPU = 2, GPU = 1 }")
+    out = []
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ManifestError(f"{where}.{key} = {value!r} is not a non-negative number", f"write {key} = 1")
+        out.append((str(key), float(value)))
+    return tuple(out)
 
 
 def _check_acyclic(roles: Sequence[RoleSpec]) -> None:

@@ -20,18 +20,31 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from speedtrap._errors import ManifestError, ServerError
 from speedtrap._redact import redact_env
+from speedtrap.stack._alive import Slot
 from speedtrap.stack._diagnose import diagnose, error_line, exited, log_sizes, unhealthy
 from speedtrap.stack._launch import LaunchSpec, Server, check_command, free_port, render, start
 from speedtrap.stack._records import write_record
-from speedtrap.stack._roles import RoleSpec, StackSpec, flag_key
+from speedtrap.stack._roles import LOCAL_HOST, RoleSpec, StackSpec, flag_key
 
 _POLL_S = 0.2
+
+
+class Placement(Protocol):
+    """Where a stack's roles run when they are not all on this machine (roles on Ray nodes: ``isolate._ray_roles``):
+    each role's address, a port free on its node, and a role started there under the guard (a :class:`Server`'s
+    face: ``proc.poll()``, ``pid``, ``alive()``, ``stop()``, ``log_path``, ``node``)."""
+
+    def host(self, role: str) -> str: ...
+
+    def free_port(self, role: str) -> int: ...
+
+    def start(self, role: str, spec: LaunchSpec, log: Path, port: int) -> Server: ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +88,13 @@ def check_agreement(stack: StackSpec, launches: Sequence[RoleLaunch]) -> None:
             )
 
 
-def preflight(stack: StackSpec, launches: Sequence[RoleLaunch]) -> None:
+def preflight(stack: StackSpec, launches: Sequence[RoleLaunch], placed: bool = False) -> None:
     """What refuses a launch before anything of it exists: a disagreement, a role on another host, a missing
-    program (named by its role's key: ``target.roles.decode.launch[0]``)."""
+    program (named by its role's key: ``target.roles.decode.launch[0]``). ``placed``: the roles are started on
+    their nodes by a placement (Ray), which checks the programs there."""
     check_agreement(stack, launches)
+    if placed:
+        return
     for rl in launches:
         if rl.role.host is not None:
             raise ManifestError(
@@ -109,23 +125,27 @@ def stack_launches(
     cwd: Path | None,
     worktrees: Mapping[str, Path | None] | None = None,
     pythonpath: Sequence[str] = (".",),
+    placement: Placement | None = None,
 ) -> list[RoleLaunch]:
     """Every role's launch for one configuration: free ports picked, placeholders filled, switches added.
 
     ``worktrees``: each role's worktree (its commits), put first on its ``PYTHONPATH`` and its working
     directory unless ``cwd`` is given; ``{worktree}`` in its launch is that path.
     """
-    ports = {r.name: free_port() for r in stack.roles}
-    extra = {r.name: {p: free_port() for p in r.ports} for r in stack.roles}
+    port_on = placement.free_port if placement is not None else (lambda _role: free_port())
+    hosts = {r.name: placement.host(r.name) if placement is not None else LOCAL_HOST for r in stack.roles}
+    ports = {r.name: port_on(r.name) for r in stack.roles}
+    extra = {r.name: {p: port_on(r.name) for p in r.ports} for r in stack.roles}
     shared = dict(values)
     for r in stack.roles:
         shared[f"{r.name}.port"] = str(ports[r.name])
+        shared[f"{r.name}.host"] = hosts[r.name]
         for p, n in extra[r.name].items():
             shared[f"{r.name}.port.{p}"] = str(n)
     out = []
     for r in stack.roles:
         worktree = (worktrees or {}).get(r.name)
-        own = {**shared, "port": str(ports[r.name]), "role": r.name}
+        own = {**shared, "port": str(ports[r.name]), "role": r.name, "host": hosts[r.name]}
         own |= {f"port.{p}": str(n) for p, n in extra[r.name].items()}
         if worktree is not None:
             own["worktree"] = str(worktree)
@@ -161,6 +181,17 @@ class Stack:
         self.port = self.launches[entry].port
         self.log_path = self.logs[entry]
         self.started = time.monotonic()
+        self.slot: Slot | None = None  # the launch guard's slot (``_alive``), given back once every role stopped
+        self.hosts = {name: LOCAL_HOST for name in self.launches}  # each role's address (its node's, on Ray)
+
+    @property
+    def host(self) -> str:
+        """The entry role's address: where the probes send their requests."""
+        return self.hosts[self.spec.entry.name]
+
+    def url(self, role: str | None = None) -> str:
+        name = role or self.spec.entry.name
+        return f"http://{self.hosts[name]}:{self.launches[name].port}"
 
     @property
     def pid(self) -> int:
@@ -199,6 +230,8 @@ class Stack:
             self.record = None
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.slot is not None:
+            self.slot.release()
         return None
 
     def __enter__(self) -> Stack:
@@ -216,19 +249,26 @@ def launch_stack(
     start_timeout: float,
     first_request: Mapping[str, Any] | None,
     request_timeout: float | None = None,
+    placement: Placement | None = None,
 ) -> tuple[Stack, float]:
     """Start every role (in waves, by ``after``), wait until all are healthy, then one real request.
 
     Any failure stops what was started and raises a ServerError naming the role and its log.
     """
-    preflight(spec, launches)
+    preflight(spec, launches, placement is not None)
     stack = Stack(spec, launches, logs, scratch)
+    if placement is not None:
+        stack.hosts = {name: placement.host(name) for name in stack.launches}
     deadline = time.monotonic() + start_timeout
     try:
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             for wave in spec.start_order():
                 for name in wave:
-                    stack.servers[name] = start(stack.launches[name].spec, logs[name], stack.launches[name].port)
+                    rl = stack.launches[name]
+                    if placement is not None:
+                        stack.servers[name] = placement.start(name, rl.spec, logs[name], rl.port)
+                    else:
+                        stack.servers[name] = start(rl.spec, logs[name], rl.port)
                     stack.order.append(name)
                 write_record(stack)
                 _wait_wave(stack, wave, client, deadline, start_timeout)
@@ -248,8 +288,11 @@ def _wait_wave(stack: Stack, wave: Sequence[str], client: httpx.Client, deadline
         if died is not None:
             name = next(n for n in stack.order if stack.servers[n].proc.poll() is not None)
             line = error_line(stack.logs[name])
+            on = f" on node {stack.servers[name].node}" if stack.servers[name].node else ""
+            code = stack.servers[name].proc.returncode or 0
+            how = f"signal {-code}" if code < 0 else f"code {code}"
             raise ServerError(
-                f"role {name!r} exited (code {stack.servers[name].proc.returncode}) before the stack became healthy"
+                f"role {name!r} exited ({how}){on} before the stack became healthy"
                 f"{': ' + line if line else ''}; read its log: {stack.logs[name]}",
                 "fix that role's launch or the patch's switches on it; its log says why it stopped",
                 log=stack.logs[name],
@@ -277,7 +320,7 @@ def _wait_wave(stack: Stack, wave: Sequence[str], client: httpx.Client, deadline
 def _first_request(stack: Stack, payload: Mapping[str, Any], timeout: float) -> None:
     """One real completion through the entry, watched: a role that exits meanwhile ends it at once, and one
     that takes longer than ``timeout`` is an error naming the role that exited or stalled, with its log line."""
-    url = f"http://127.0.0.1:{stack.port}/v1/completions"
+    url = f"{stack.url()}/v1/completions"
     before = stack.log_sizes()
     answer: list[httpx.Response | BaseException] = []
 
