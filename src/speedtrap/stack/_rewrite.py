@@ -96,7 +96,7 @@ class Switch:
             key, value = self.env[0]
             base = re.sub(r"^SPEEDTRAP_[A-Z0-9]+_", "", key) if key.count("_") > 1 else key
             return _slug(base if value.strip().lower() in {"1", "true", "yes", "on"} else f"{base}_{value}")
-        return _slug(" ".join(a.split("=", 1)[-1] if a == "--set" else a for a in self.args))
+        return _slug(" ".join(a for a in self.args if a != "--set"))  # speedtrap serve's --set KEY=VALUE
 
 
 def _slug(text: str) -> str:
