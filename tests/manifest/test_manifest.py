@@ -136,7 +136,6 @@ BAD = [
     (_swap("repeats = 1", "repeats = 1\nalpha = 0.5"), "verdict.alpha must be a number in (0, 0.5)"),
     (_swap("repeats = 1", "repeats = 1\nbeta = true"), "verdict.beta must be a number in (0, 0.5)"),
     (_swap("repeats = 1", 'repeats = 1\nsequential = "yes"'), "verdict.sequential must be true or false"),
-    (GOOD.split("[[patches]]")[0], "manifest has no [[patches]] tables"),
     ("[probe]\nkind = 'recall'\n", "manifest has no [target] table"),
 ]
 
@@ -148,6 +147,17 @@ def test_an_invalid_field_is_named(text: str, message: str) -> None:
         _ = manifest.target, manifest.verdict  # what a stage that launches and judges asks for
     assert message in info.value.one_line()
     assert "\n" not in info.value.one_line() and info.value.fix
+
+
+def test_a_stack_without_patches_is_read_and_isolate_asks_for_them(tmp_path: Path) -> None:
+    """inspect and a gate read a launched stack with no [[patches]]; the search names the missing table."""
+    from speedtrap.isolate import isolate
+
+    manifest = parse(GOOD.split("[[patches]]")[0])
+    assert manifest.patches == () and not manifest.target.in_process
+    with pytest.raises(ManifestError, match=r"manifest has no \[\[patches\]\] tables"):
+        isolate(manifest, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before any trial
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:

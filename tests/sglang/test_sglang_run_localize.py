@@ -23,6 +23,7 @@ from sglang_stack import ROOT, ensure_python
 
 from _watch import ServerWatcher, argv_has, descends_from
 from speedtrap.localize import localize_manifest
+from speedtrap.manifest import load_manifest
 
 sys.path.insert(0, str(ROOT / "examples" / "sglang"))
 import build_example
@@ -78,7 +79,7 @@ def test_the_seeds_halves_are_localized_in_their_roles_on_the_pd_stack(tmp_path:
     culprits = [(f"{SEED}@prefill",), (f"{SEED}@decode",)]
     with _servers() as watcher:
         t0 = time.monotonic()
-        results = localize_manifest(manifest, culprits, tmp_path / "live", tokens=96, decode=2)
+        results = localize_manifest(load_manifest(manifest), culprits, tmp_path / "live", tokens=96, decode=2)
         seconds = time.monotonic() - t0
     assert watcher.most <= 2, watcher.most  # prefill and decode of one stack
     prefill, decode = results

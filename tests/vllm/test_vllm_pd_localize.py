@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from speedtrap.localize import localize_manifest
+from speedtrap.manifest import load_manifest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_stack
@@ -39,7 +40,7 @@ def test_the_prefill_only_culprit_is_localized_in_the_prefill_role(
     monkeypatch.setenv(MARKER, tmp_path.name)
     watcher = ServerWatcher(argv_has(b"vllm.entrypoints.openai.api_server"), marked(MARKER, tmp_path.name))
     with watcher:
-        [live] = localize_manifest(EXAMPLE, [(CULPRIT,)], tmp_path / "live", tokens=96, decode=2)
+        [live] = localize_manifest(load_manifest(EXAMPLE), [(CULPRIT,)], tmp_path / "live", tokens=96, decode=2)
     assert watcher.most <= 2, watcher.most  # prefill and decode of one stack, never two stacks
     assert live.launches == 2 and live.role == "prefill" and set(live.roles) == {"prefill", "decode"}
     prefill = live.roles["prefill"]

@@ -111,9 +111,9 @@ def run_cmd(
             raise UsageError("--patches/--set are for in-process targets", "list a manifest's patches in the manifest")
         if not manifest.is_file():
             raise UsageError(f"manifest {str(manifest)!r} does not exist", "pass the path of a speedtrap.toml")
-        from speedtrap._toml import read_manifest_toml
+        from speedtrap.manifest import load_manifest
 
-        read_manifest_toml(manifest)  # a malformed manifest, or one with a TODO left, before any run directory
+        load_manifest(manifest)  # a malformed manifest, or one with a TODO left, before any run directory
         source = Source(manifest=str(manifest.resolve()), symbol=symbol or None, quick=quick)
         settings = PipelineSettings(quick=quick)  # localize runs inside the manifest's stack (live)
         run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"

@@ -156,6 +156,8 @@ def _isolate(
             always = [p.name for p in patches if p.ungated]
             oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest))
         else:
+            if not patches:
+                raise ManifestError("manifest has no [[patches]] tables", "add one [[patches]] table per patch")
             oracle = ServerOracle(manifest.target, patches, manifest.probe)
     if isinstance(oracle, ServerOracle) and isinstance(executor, ThreadExecutor):
         oracle.allow(executor.capacity)  # search.parallel stacks at once, from threads of this process

@@ -151,7 +151,7 @@ def parse_manifest(
     patches = parse_patches(
         data.get("patches"),
         base,
-        required=target is None or not target.in_process,
+        required=target is None,  # a launched stack without patches is read (inspect, a gate); isolate asks
         stack=target.stack if target is not None else None,
     )
     if target is not None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from speedtrap._shapes import CulpritSet, LayerGrowth
-from speedtrap.probe._results import LengthStop
+from speedtrap.probe import LengthStop
 from speedtrap.report._model import (
     PHASE_ORDER,
     DivergenceRun,
