@@ -17,16 +17,17 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from speedtrap._errors import UsageError
 from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_request
-from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, save_capture
+from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, parse_layout, sampled, save_capture
 from speedtrap.localize._livediff import noise_of
+from speedtrap.localize._ranks import combine_scale, merge_ranks
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
 from speedtrap.localize._scale import DEFAULT_MULTIPLIERS, DEFAULT_PARAM, _fit, _values, norms_of, unit_from_gram
 
@@ -107,36 +108,83 @@ def _once(
         )
         return _with(capture, seconds=time.monotonic() - started)
     link = AgentLink(Path(folder), role, timeout)
-    agent = link.agents()[0]
-    ident = link.send("capture", channels=channels)
-    send_request(url, api, ids, decode + 1, model=model, timeout=timeout)
-    link.send("finish", of=ident)
-    result = link.result(ident, int(agent["pid"]))
+
+    def request() -> None:
+        send_request(url, api, ids, decode + 1, model=model, timeout=timeout)
+
+    capture = agent_capture(link, ids, decode, request, stack=stack, label=label, channels=channels)
+    return _with(capture, seconds=time.monotonic() - started)
+
+
+def agent_capture(
+    link: AgentLink,
+    ids: list[int],
+    decode: int,
+    request: Callable[[], None],
+    *,
+    stack: str = "",
+    label: Sequence[str] = (),
+    channels: int = DEFAULT_CHANNELS,
+) -> Capture:
+    """One capture through ``link``'s agents, every rank of the server: ``request`` sends the request.
+
+    Under tensor or expert parallelism each rank's rows are read and put back together
+    (:func:`merge_ranks`); the capture keeps every rank's own beside the unsharded view.
+    """
+    agents = link.agents()
+    pids = [int(a["pid"]) for a in agents]
+    ident = link.send("capture", pids=pids, channels=channels)
+    request()
+    link.send("finish", pids=pids, of=ident)
+    ranks = []
+    for agent in agents:
+        started = time.monotonic()
+        result = link.result(ident, int(agent["pid"]))
+        waited = time.monotonic() - started
+        ranks.append(_rank_capture(link, result, agent, ids, decode, stack, label, channels, waited))
+    shutil.rmtree(link.folder / "results" / ident, ignore_errors=True)
+    return merge_ranks(ranks)
+
+
+def _rank_capture(
+    link: AgentLink,
+    result: Path,
+    agent: dict[str, Any],
+    ids: list[int],
+    decode: int,
+    stack: str,
+    label: Sequence[str],
+    channels: int,
+    waited: float,
+) -> Capture:
+    """One rank's result folder -> its capture (its layouts checked by the one parser's rules)."""
     meta = link.read_json(result / "capture.json")
     tensors, raw = _agent_tensors(link, result)
+    rank, world = int(meta.get("rank", 0)), int(meta.get("world", 1))
     try:
-        modules = [
-            keep_prompt_rows(
-                m["name"], int(m["tensor"]), int(m["features"]), {k: tensors[f"{m['key']}.{k}"] for k in _FIELDS}, ids
-            )
-            for m in meta["modules"]
-        ]
+        modules = []
+        for m in meta["modules"]:
+            features = int(m["features"])
+            layout = parse_layout(m.get("layout") if world > 1 else None, features)
+            rows = {k: tensors[f"{m['key']}.{k}"] for k in _FIELDS}
+            if rows["x"].shape[1] != sampled(layout, features, channels, rank, world):
+                raise ValueError(f"module {m['name']}: {rows['x'].shape[1]} channels for its layout")
+            modules.append(keep_prompt_rows(m["name"], int(m["tensor"]), features, rows, ids, layout))
     except (KeyError, TypeError, ValueError) as exc:
         raise link.bad(result, f"holds an incomplete capture ({type(exc).__name__}: {exc})"[:200]) from None
-    shutil.rmtree(result.parent, ignore_errors=True)
     source = AgentSource("agent", int(agent["pid"]), str(agent["engine"]), str(agent["model_class"]))
     return Capture(
-        source, role, stack or str(agent["engine"]), tuple(label), tuple(ids), decode, channels,
+        source, link.role, stack or str(agent["engine"]), tuple(label), tuple(ids), decode, channels,
         tuple(m for m in modules if m.count), len(meta.get("forwards", [])), tuple(meta.get("skipped", [])),
-        time.monotonic() - started, raw,
+        waited, raw, rank=rank, world=world,
     )  # fmt: skip
 
 
 _FIELDS = ("x", "sq", "max", "pos", "ids", "occ", "fwd")
 
 
-def _agent_tensors(link: AgentLink, result: Path) -> tuple[dict[str, torch.Tensor], int]:
-    st, pt = result / "capture.safetensors", result / "capture.pt"
+def _agent_tensors(link: AgentLink, result: Path, stem: str = "capture") -> tuple[dict[str, torch.Tensor], int]:
+    st, pt = result / f"{stem}.safetensors", result / f"{stem}.pt"
     path = st if st.exists() else pt
     if not path.exists():
         raise link.bad(st, "is missing")
@@ -178,18 +226,44 @@ def scale_live(
     if values is not None:
         _values(values, 1.0)  # the same validation as in-process
     link = AgentLink(Path(folder), role, timeout)
-    agent = link.agents()[0]
+
+    def request() -> None:
+        send_request(url, api, ids, 1, model=model, timeout=timeout)
+
+    return agent_scale(link, ids, request, param=param, values=values, label=label, target=target)
+
+
+def agent_scale(
+    link: AgentLink,
+    ids: list[int],
+    request: Callable[[], None],
+    *,
+    param: str = DEFAULT_PARAM,
+    values: Sequence[float] | None = None,
+    label: Sequence[str] = (),
+    target: str = "",
+) -> ScaleCheckResult:
+    """The scale check through ``link``'s agents, every rank (a unit combined over its ranks: ``combine_scale``)."""
+    agents = link.agents()
+    pids = [int(a["pid"]) for a in agents]
     fields: dict[str, object] = {"param": param}
     fields |= {"values": [float(v) for v in values]} if values else {"multipliers": list(DEFAULT_MULTIPLIERS)}
-    ident = link.send("scale", **fields)
-    send_request(url, api, ids, 1, model=model, timeout=timeout)
-    result = link.result(ident, int(agent["pid"]))
-    data = link.read_json(result / "scale.json")
-    shutil.rmtree(result.parent, ignore_errors=True)
+    ident = link.send("scale", pids=pids, **fields)
+    request()
+    per_rank = []
+    for agent in agents:
+        result = link.result(ident, int(agent["pid"]))
+        data = link.read_json(result / "scale.json")
+        vectors: dict[str, torch.Tensor] = {}
+        if len(agents) > 1 and not data.get("absent"):
+            vectors = _agent_tensors(link, result, "scale")[0]
+        per_rank.append((int(agent.get("rank", 0)), data, vectors))
+    shutil.rmtree(link.folder / "results" / ident, ignore_errors=True)
+    engine = str(agents[0]["engine"])
     try:
-        return _scale_result(data, tuple(label), len(ids), target or str(agent["engine"]))
+        return _scale_result(combine_scale(per_rank), tuple(label), len(ids), target or engine)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise link.bad(result / "scale.json", f"is incomplete ({type(exc).__name__}: {exc})"[:200]) from None
+        raise link.bad(link.folder / "results" / ident, f"is incomplete ({type(exc).__name__}: {exc})"[:200]) from None
 
 
 def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, target: str) -> ScaleCheckResult:
@@ -209,6 +283,7 @@ def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, 
             fits.append(ConsumerFit(str(consumer["module"]), exponent, residual))
         shared = [str(s) for s in entry["shared"]]
         measured = "output - " + "/".join(shared) if shared else "output"
+        measured += str(entry.get("over_ranks", ""))  # several ranks: how their contributions were combined
         units.append(unit_from_gram(str(entry["module"]), measured, tuple(fits), values, gram, nominal))
     pinned = tuple(PinnedSite(str(p["module"]), float(p["value"])) for p in data.get("pinned", []))  # type: ignore[attr-defined]
     return ScaleCheckResult(target, str(data["param"]), nominal, tuple(values), label, tokens, tuple(units), pinned)

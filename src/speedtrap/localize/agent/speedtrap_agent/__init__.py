@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_json
+from .ranks import rank_world
 from .rows import Capture, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
@@ -64,8 +65,9 @@ class Agent:
         self.seen: str | None = None
         self.stamp: tuple[int, int] | None = None
         (folder / "agents").mkdir(parents=True, exist_ok=True)
+        rank, world = rank_world()
         info = {"pid": os.getpid(), "engine": engine, "model_class": type(root).__name__, "version": VERSION,
-                "modules": sum(1 for _ in root.named_modules())}  # fmt: skip
+                "modules": sum(1 for _ in root.named_modules()), "rank": rank, "world": world}  # fmt: skip
         write_json(folder / "agents" / f"{os.getpid()}.json", info)
         threading.Thread(target=self._watch, name="speedtrap-agent", daemon=True).start()
 
@@ -87,6 +89,7 @@ class Agent:
                 continue
             self.seen = ident
             self._handle(command)
+            write_json(self.folder / f"{ident}.{os.getpid()}.seen", {"pid": os.getpid()})  # every rank's own
             write_json(self.folder / f"{ident}.seen", {"pid": os.getpid()})
 
     def _handle(self, command: dict[str, Any]) -> None:
