@@ -266,3 +266,51 @@ def test_bytes_and_seconds_are_measured_per_rank(runs: dict[str, Any]) -> None:
 
 def test_module_rows_carry_a_layout() -> None:
     assert ModuleRows.__dataclass_fields__["layout"].default == Layout("replicated")
+
+
+def _dump(folder: Path, rank: int, step: int, index: int, name: str, value: torch.Tensor) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tags = f"step={step}___rank={rank}___dump_index={index}___name={name}"
+    torch.save({"value": value, "meta": {"name": name}}, folder / f"{tags}.pt")
+
+
+def test_sglang_dumper_files_of_every_rank_are_read_and_put_back_together(tmp_path: Path) -> None:
+    """One file set per rank (``rank=`` tag): a qkv output sharded in three blocks, a partial MoE output, a norm."""
+    from speedtrap.localize._dumper import reduce_dump
+
+    gen = torch.Generator().manual_seed(3)
+    n, parts = 6, [8, 4, 4]  # one rank's q, k, v widths
+    qkv = torch.randn(n, sum(parts) * 2, generator=gen)
+    halves = [torch.randn(n, 10, generator=gen) for _ in range(2)]
+    norm = torch.randn(n, 10, generator=gen)
+    ids = list(range(200, 200 + n))
+
+    def dump(folder: Path, world: int) -> None:
+        for rank in range(world):
+            pieces = _shards(qkv, parts, 2)[rank] if world == 2 else qkv
+            moe = halves[rank] if world == 2 else halves[0] + halves[1]
+            _dump(folder, rank, 0, 1, "input_ids", torch.tensor(ids))
+            _dump(folder, rank, 0, 2, "positions", torch.arange(n))
+            _dump(folder, rank, 0, 3, "non_intrusive__model.layers.0.input_layernorm.output", norm)
+            _dump(folder, rank, 0, 4, "non_intrusive__model.layers.0.self_attn.qkv_proj.output", pieces)
+            _dump(folder, rank, 0, 5, "non_intrusive__model.layers.0.mlp.experts.output", moe)
+
+    dump(tmp_path / "one", 1)
+    dump(tmp_path / "two", 2)
+    layouts = {
+        "model.layers.0.self_attn.qkv_proj": {"kind": "sharded", "parts": parts},
+        "model.layers.0.mlp.experts": {"kind": "partial"},
+        "model.layers.0.input_layernorm": {"kind": "replicated"},
+    }
+    one = reduce_dump(tmp_path / "one", ids, 0, "base", "sglang", (), 8)
+    two = reduce_dump(tmp_path / "two", ids, 0, "trial", "sglang", (), 8, {0: layouts, 1: layouts})
+    assert one.world == 1 and two.world == 2 and two.extra["ranks"]["disagree"] == []
+    result = compare_captures(one, two, threshold=1e-6)
+    compared = {m.name: m.rel_diff for m in result.modules}
+    assert set(compared) == {n for n in layouts} and all(d is not None and d < 1e-6 for d in compared.values())
+    no_layouts = reduce_dump(tmp_path / "two", ids, 0, "trial", "sglang", (), 8)  # no agent: undeclared
+    assert set(no_layouts.extra["ranks"]["rank_local"]) == {
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.mlp.experts",
+    }
+    assert compare_captures(two, two).first_divergent is None  # rank by rank at one world size

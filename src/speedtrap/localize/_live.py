@@ -52,6 +52,7 @@ def capture_live(
     model: str | None = None,
     timeout: float = 300.0,
     control_url: str | None = None,
+    agent_folder: Path | None = None,
 ) -> Capture:
     """Capture one request through the running server at ``url`` into ``out`` (a capture file).
 
@@ -59,6 +60,7 @@ def capture_live(
     (``"sglang-dumper"``). ``repeat``: send the request twice and keep the second's difference from
     the first as the capture's ``noise`` (do it for the base: the comparison's threshold uses it).
     ``control_url``: the SGLang server whose dumper is switched (default ``url``; a stack's role behind a router).
+    ``agent_folder``: with the dumper, the same server's agent folder, whose agents say each rank's layouts.
     """
     ids = [int(t) for t in ids]
     if len(ids) < 2 or decode < 0 or channels < 1:
@@ -66,7 +68,8 @@ def capture_live(
             f"a live capture needs 2+ prompt tokens, decode >= 0, channels >= 1 (got {len(ids)}, {decode}, {channels})",
             "pass a longer prompt or fix the numbers",
         )
-    args = (url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout, control_url)
+    layouts = _layouts(agent_folder, role, timeout) if mechanism == "sglang-dumper" else None
+    args = (url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout, control_url, layouts)  # fmt: skip  # noqa: E501
     first = _once(*args)
     if repeat:
         second = _once(*args)
@@ -75,6 +78,14 @@ def capture_live(
     compact = save_capture(first, out)
     first.extra["bytes"] = compact
     return first
+
+
+def _layouts(folder: Path | None, role: str, timeout: float) -> dict[int, dict[str, Any]] | None:
+    """Per rank, each module's declared layout, from the agents of the same server (None: no agent there)."""
+    if folder is None or not (Path(folder) / "agents").is_dir():
+        return None
+    agents = AgentLink(Path(folder), role, timeout).agents()
+    return {int(a.get("rank", 0)): dict(a.get("layouts") or {}) for a in agents}
 
 
 def _with(capture: Capture, **changes: object) -> Capture:
@@ -97,6 +108,7 @@ def _once(
     model: str | None,
     timeout: float,
     control_url: str | None,
+    layouts: dict[int, dict[str, Any]] | None,
 ) -> Capture:
     started = time.monotonic()
     flush_cache(control_url or url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat: all again
@@ -104,7 +116,7 @@ def _once(
         from speedtrap.localize._dumper import capture_dumper
 
         capture = capture_dumper(
-            url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout, control_url
+            url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout, control_url, layouts
         )
         return _with(capture, seconds=time.monotonic() - started)
     link = AgentLink(Path(folder), role, timeout)

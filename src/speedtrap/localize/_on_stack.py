@@ -243,6 +243,7 @@ def _measure(
                     api=api, out=folder / f"{name}.{role}.capture", decode=request.decode,
                     role=f"{name} {role}", stack=_stack_words(launcher), label=label, repeat=repeat,
                     mechanism=mechanism, model=request.model, timeout=request.timeout, control_url=own,
+                    agent_folder=agents / role,
                 )  # fmt: skip
                 scale = None
                 if request.param is not None:

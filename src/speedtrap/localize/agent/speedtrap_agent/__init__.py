@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_json
-from .ranks import rank_world
+from .ranks import declared, rank_world
 from .rows import Capture, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
@@ -66,8 +66,11 @@ class Agent:
         self.stamp: tuple[int, int] | None = None
         (folder / "agents").mkdir(parents=True, exist_ok=True)
         rank, world = rank_world()
-        info = {"pid": os.getpid(), "engine": engine, "model_class": type(root).__name__, "version": VERSION,
-                "modules": sum(1 for _ in root.named_modules()), "rank": rank, "world": world}  # fmt: skip
+        info: dict[str, Any] = {"pid": os.getpid(), "engine": engine, "model_class": type(root).__name__,
+                                "version": VERSION, "modules": sum(1 for _ in root.named_modules()), "rank": rank,
+                                "world": world}  # fmt: skip
+        if world > 1:  # each output's layout as its class declares it (read by the SGLang dumper's reduction)
+            info["layouts"] = {n: declared(m, world) for n, m in root.named_modules()}
         write_json(folder / "agents" / f"{os.getpid()}.json", info)
         threading.Thread(target=self._watch, name="speedtrap-agent", daemon=True).start()
 
