@@ -10,7 +10,8 @@ SGLang do with ``reduce_results=False``). WORLD 1 is the single-process ground t
 
 VARIANT: ``once`` (the factor applied once), ``twice`` (applied twice: the bug), ``half`` (the experts
 of the second half apply it once more: a rank-dependent bug), ``skew`` (rank 1's first norm differs: a
-replicated output the ranks disagree on).
+replicated output the ranks disagree on), ``inside`` (as ``once``, the MoE unit all-reducing its own output
+while its shared experts' stays a partial sum: vLLM's Glm4 MoE under TP).
 
 The harness side writes ``FOLDER/requests/<n>.json`` (``{"ids": [...]}``); every rank runs one forward
 on it and writes ``<n>.<rank>.done``; ``stop`` in the folder ends it.
@@ -155,10 +156,12 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    reduce_results = False  # the decoder layer all-reduces the unit's output
-
     def __init__(self, gen: torch.Generator, rank: int, world: int, variant: str) -> None:
         super().__init__()
+        # ``inside``: the unit all-reduces its own output (vLLM's and SGLang's Glm4 MoE under TP); else the
+        # decoder layer does, after it, and the unit's output is a partial sum
+        self.reduce_results = variant == "inside"
+        self.world = world
         self.routed_scaling_factor = 2.5
         self.twice = variant == "twice"
         self.gate = nn.Linear(H, E, bias=False)
@@ -173,7 +176,8 @@ class MoE(nn.Module):
         routed = self.experts(x, ids, weights) * self.routed_scaling_factor
         if self.twice:
             routed = routed * self.routed_scaling_factor
-        return routed + self.shared_experts(x)
+        out = routed + self.shared_experts(x)
+        return _all_reduce(out, self.world) if self.reduce_results else out
 
 
 class Layer(nn.Module):
@@ -188,7 +192,8 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.mlp(self.norm1(x))
-        return x + _all_reduce(self.moe(self.norm2(x)), self.world)
+        moe = self.moe(self.norm2(x))
+        return x + (moe if self.moe.reduce_results else _all_reduce(moe, self.world))
 
 
 class Model(nn.Module):

@@ -170,7 +170,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Captures and scale checks of each variant at one and two ranks (started side by side)."""
     root = tmp_path_factory.mktemp("ranks")
     out: dict[str, Any] = {}
-    plans = [(1, "once"), (2, "once"), (1, "twice"), (2, "twice"), (1, "half"), (2, "half"), (2, "skew")]
+    plans = [(1, "once"), (2, "once"), (1, "twice"), (2, "twice"), (1, "half"), (2, "half"), (2, "skew"), (2, "inside")]
     combined: list[Any] = []
     import speedtrap.localize._live as live
     from speedtrap.localize._ranks import combine_scale
@@ -232,9 +232,18 @@ def test_the_scale_check_combines_each_unit_over_the_ranks_holding_its_experts(r
         for one, both in zip(single.units, combined.units, strict=True):
             assert one.times == both.times == times
             assert abs(both.exponent - times) < 1e-3
-            assert "summed (each rank holds part of the experts) over ranks 0, 1" in both.measured
+            assert (
+                "output summed (each rank holds a part), shared experts summed (each rank holds a part)"
+                in both.measured
+            )
+            assert both.measured.endswith("over ranks 0, 1")
             for a, b in zip(one.norms, both.norms, strict=True):
                 assert abs(a - b) <= 1e-5 * a
+    # the unit's output all-reduced inside it, its shared experts' a partial sum: each combined as it is held
+    single, inside = runs["once1"][1], runs["inside2"][1]
+    for one, both in zip(single.units, inside.units, strict=True):
+        assert both.times == 1 and all(abs(a - b) <= 1e-5 * a for a, b in zip(one.norms, both.norms, strict=True))
+        assert "output the same on every rank (taken once), shared experts summed" in both.measured
     single, combined, per_rank = runs["half1"][1], runs["half2"][1], runs["half2"][2]
     assert [u.verdict for u in single.units] == [u.verdict for u in combined.units] == ["not a power law"] * 2
     for one, both in zip(single.units, combined.units, strict=True):

@@ -141,10 +141,12 @@ def rank_notes(capture: Capture) -> dict[str, list[str]]:
 def combine_scale(per_rank: Sequence[tuple[int, dict[str, Any], dict[str, Tensor]]]) -> dict[str, Any]:
     """Every rank's scale result -> one: each unit's routed outputs combined over the ranks, said in ``over_ranks``.
 
-    ``per_rank``: (rank, its ``scale.json``, its routed outputs ``u<i>`` / ``u<i>.c<j>``: one row per value).
-    The ranks agree (the unit's output is all-reduced inside it: replicated): rank 0's. Else each rank
-    holds a part of the unit's experts (expert parallelism, or tensor parallelism with the all-reduce
-    after the unit): the contributions are summed, and the Gram matrix is the sum's.
+    ``per_rank``: (rank, its ``scale.json``, its tensors: ``u<i>.out`` / ``u<i>.shared`` (and ``u<i>.c<j>.*`` per
+    consumer), one row per value). The unit's output and its shared experts' output are combined apart, each
+    as its ranks hold it: the same on every rank (all-reduced inside the unit: replicated) is taken once,
+    else each rank holds a part (its experts under expert parallelism, its slice of each expert under tensor
+    parallelism, the all-reduce coming later) and the parts are summed. The routed contribution is the
+    combined output minus the combined shared output; the Gram matrix is the routed contribution's.
     """
     per_rank = sorted(per_rank, key=lambda t: t[0])
     _, head, _ = per_rank[0]
@@ -156,23 +158,28 @@ def combine_scale(per_rank: Sequence[tuple[int, dict[str, Any], dict[str, Tensor
     ranks = ", ".join(str(r) for r, _, _ in per_rank)
     units = []
     for i, entry in enumerate(head["units"]):
-        gram, how = _combined([vec[f"u{i}"] for _, _, vec in per_rank])
+        gram, how = _combined([vec for _, _, vec in per_rank], f"u{i}")
         consumers = []
         for j, consumer in enumerate(entry["consumers"]):
-            key = f"u{i}.c{j}"
-            sub = None if consumer["gram"] is None else _combined([vec[key] for _, _, vec in per_rank])[0]
+            sub = None if consumer["gram"] is None else _combined([vec for _, _, vec in per_rank], f"u{i}.c{j}")[0]
             consumers.append({**consumer, "gram": sub})
         over = f", {how} over ranks {ranks}"
         units.append({**entry, "gram": gram, "consumers": consumers, "over_ranks": over})
     return {**head, "units": units}
 
 
-def _combined(stacks: list[Tensor]) -> tuple[list[list[float]], str]:
+def _combined(per_rank: list[dict[str, Tensor]], key: str) -> tuple[list[list[float]], str]:
+    output, out_how = _over_ranks([v[f"{key}.out"] for v in per_rank])
+    shared, shared_how = _over_ranks([v[f"{key}.shared"] for v in per_rank])
+    routed = output - shared
+    how = f"output {out_how}" + ("" if not bool(shared.any()) else f", shared experts {shared_how}")
+    return (routed @ routed.T).tolist(), how
+
+
+def _over_ranks(stacks: list[Tensor]) -> tuple[Tensor, str]:
     first = stacks[0].double()
     if any(s.shape != first.shape for s in stacks):
-        raise ValueError("the ranks' routed outputs differ in shape")
+        raise ValueError("the ranks' outputs of one unit differ in shape")
     if all(rel(s, first) <= AGREE for s in stacks[1:]):
-        total, how = first, "the same on every rank (all-reduced in the unit)"
-    else:
-        total, how = torch.stack([s.double() for s in stacks]).sum(0), "summed (each rank holds part of the experts)"
-    return (total @ total.T).tolist(), how
+        return first, "the same on every rank (taken once)"
+    return torch.stack([s.double() for s in stacks]).sum(0), "summed (each rank holds a part)"

@@ -208,16 +208,18 @@ class Scale:
         })  # fmt: skip
 
     def _gram(self, unit: Any, name: str, objs: list[Any], key: str) -> list[list[float]]:
-        stacked = self._outputs(unit, name, objs)
-        if self.world > 1:
-            self.vectors[key] = stacked.contiguous()
-        return (stacked @ stacked.T).tolist()  # type: ignore[no-any-return]
+        output, shared = self._outputs(unit, name, objs)
+        if self.world > 1:  # the output and the shared experts' apart: each may be replicated or a partial sum
+            self.vectors[f"{key}.out"] = output.contiguous()
+            self.vectors[f"{key}.shared"] = shared.contiguous()
+        routed = output - shared
+        return (routed @ routed.T).tolist()  # type: ignore[no-any-return]
 
-    def _outputs(self, unit: Any, name: str, objs: list[Any]) -> Any:
-        """The unit's routed outputs at each value, one row per value (float64)."""
+    def _outputs(self, unit: Any, name: str, objs: list[Any]) -> tuple[Any, Any]:
+        """The unit's outputs and its shared experts' (summed), at each value: one row per value (float64)."""
         import torch
 
-        outputs = []
+        outputs, shares = [], []
         for value in self.values:
             args, kwargs = _clone(self.inputs[name])
             shared: list[Any] = []
@@ -231,8 +233,10 @@ class Scale:
                     h.remove()
             if not result:
                 raise ValueError(f"module {name!r} returns no tensor")
-            routed = result[0].detach().double().clone()
+            output = result[0].detach().double().clone()
+            share = torch.zeros_like(output)
             for s in shared:
-                routed = routed - s.double().reshape(routed.shape)
-            outputs.append(routed.reshape(-1))
-        return torch.stack(outputs)
+                share = share + s.double().reshape(output.shape)
+            outputs.append(output.reshape(-1))
+            shares.append(share.reshape(-1))
+        return torch.stack(outputs), torch.stack(shares)
