@@ -81,13 +81,17 @@ def declared(module: Any, world: int) -> dict[str, Any]:
         return {"kind": "partial"}
     if names & {"Attention", "RadixAttention"}:
         return {"kind": "sharded", "parts": None}  # [tokens, local heads x head size]
-    if any("Norm" in n for n in names):
-        return {"kind": "replicated"}
+    if any("Norm" in n for n in names):  # a norm over the whole row; a per-head one (q_norm) sees its rank's heads
+        weight = getattr(module, "weight", None)
+        return {"kind": "replicated", "width": int(weight.numel())} if weight is not None else {"kind": "auto"}
     return {"kind": "auto"}
 
 
 def complete(layout: dict[str, Any], features: int) -> dict[str, Any]:
-    """A sharded layout with one block of this rank's ``features`` when the class left the blocks open."""
+    """A sharded layout with one block of this rank's ``features`` when the class left the blocks open; a
+    norm's (``width``: its weight's size) is replicated only when it normalizes whole rows."""
+    if "width" in layout:
+        return {"kind": "replicated"} if layout["width"] == features else {"kind": "auto"}
     if layout.get("kind") == "sharded" and (not layout.get("parts") or sum(layout["parts"]) != features):
         return {"kind": "sharded", "parts": [features]}
     return layout
