@@ -323,3 +323,18 @@ def test_sglang_dumper_files_of_every_rank_are_read_and_put_back_together(tmp_pa
         "model.layers.0.mlp.experts",
     }
     assert compare_captures(two, two).first_divergent is None  # rank by rank at one world size
+
+
+def test_a_live_localize_says_how_the_ranks_were_read_and_names_disagreeing_ranks() -> None:
+    from speedtrap.localize._on_stack import _ranks_words
+
+    a = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+    replicated = Layout("replicated")
+    same = merge_ranks([_rank("n", reduce_rows(a, CHANNELS), replicated, 6, r, 2) for r in range(2)])
+    off = merge_ranks([_rank("n", reduce_rows(t, CHANNELS), replicated, 6, r, 2) for r, t in enumerate((a, a * 2))])
+    assert _ranks_words(same, same, None) == "every rank (TP 2), layers compared rank by rank"
+    words = _ranks_words(same, off, None)
+    assert words.endswith("RANKS DISAGREE on a replicated output: trial rank 1 on n")
+    single = _rank("n", reduce_rows(a, CHANNELS), replicated, 6, 0, 1)
+    assert "unsharded (base at TP 1, trial 2)" in _ranks_words(single, same, None)
+    assert _ranks_words(single, single, None) == ""

@@ -123,3 +123,41 @@ def test_the_scale_check_over_both_ranks_says_twice_as_at_tp1(measured: dict[str
             assert "over ranks 0, 1" in b.measured, b.measured
         print(name, "TP1", [round(u.exponent or 0, 4) for u in one.units], "TP2",
               [round(u.exponent or 0, 4) for u in two.units], two.units[0].measured)  # fmt: skip
+
+
+@pytest.mark.timeout(5400)
+def test_run_on_the_sglang_example_at_tp2_localizes_the_seeds_commit_over_both_ranks(tmp_path: Path) -> None:
+    """``speedtrap run --manifest`` over the example built at ``--tp 2`` (``build_example.py --tp 2``)."""
+    import os
+    import subprocess
+
+    from _watch import ServerWatcher, argv_has, descends_from
+
+    python = ensure_python()
+    model = build_example.export_model(tmp_path / "model")
+    repo = tmp_path / "sglang-src"
+    shas = build_example.build_repo(python, repo)
+    manifest = tmp_path / "speedtrap.toml"
+    manifest.write_text(build_example.manifest_text(python, model, shas, repo=repo, tp=2))
+    run_dir = tmp_path / "run"
+    with ServerWatcher(argv_has(b"sglang.launch_server"), descends_from(os.getpid())) as watcher:
+        t0 = time.monotonic()
+        argv = [sys.executable, "-m", "speedtrap", "run", "--manifest", str(manifest), "--out", str(run_dir)]
+        done = subprocess.run([*argv, "--quick", "--json"], capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert watcher.most <= 1, watcher.most
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [c["patches"] for c in report["isolation"]["culprits"]] == [[SEED]]
+    [loc] = report["localization"]
+    moe = sorted(_moe_layers(model))
+    first = loc["layers"]["first_divergent"]
+    assert first is not None and first.startswith(f"model.layers.{moe[0]}.mlp"), first
+    rows = loc["scale"]["rows"]
+    assert {r["layer"]: r["times"] for r in rows} == {i: 2 for i in moe}
+    assert all(abs(r["exponent"] - 2.0) <= 0.05 for r in rows), rows
+    assert {r["layer"]: r["times"] for r in loc["base_scale"]["rows"]} == {i: 1 for i in moe}
+    stages = {s["name"]: s["seconds"] for s in report["run"]["stages"]}
+    print(f"speedtrap run at TP 2: {seconds:.0f} s, stages {stages}, first divergent {first}", flush=True)
+    print("scale rows:", json.dumps(rows)[:1500], flush=True)
+    print("report:", (run_dir / "report.md").read_text().split("## Localization")[1][:2000], flush=True)
