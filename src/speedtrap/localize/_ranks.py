@@ -57,7 +57,7 @@ def merge_ranks(ranks: Sequence[Capture]) -> Capture:
         found = [p for p in parts if p is not None]
         merged = _merge(head.role, found, head.channels, disagree) if len(found) == world else None
         if merged is None:
-            local.append(m0.name if m0.tensor == 0 else f"{m0.name}[{m0.tensor}]")
+            local += [] if m0.name in local else [m0.name]
         else:
             modules.append(merged)
     summary = {"world": world, "disagree": disagree, "rank_local": local, "per_rank": [_cost(c) for c in ranks]}
