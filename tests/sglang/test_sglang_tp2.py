@@ -25,7 +25,7 @@ from sglang_stack import ROOT, START_TIMEOUT, ensure_python, sglang_argv, sglang
 from speedtrap.localize import agent_env, capture_live, compare_captures, dumper_env, scale_live
 from speedtrap.stack import LaunchSpec, Server, free_port, launch
 
-pytestmark = [pytest.mark.slow, pytest.mark.stack]
+pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.timeout(3600)]
 
 sys.path.insert(0, str(ROOT / "examples" / "sglang"))
 import build_example  # noqa: E402

@@ -19,7 +19,7 @@ from vllm_stack import MODEL, ensure_stack, start_vllm, vllm_env
 
 from speedtrap.localize import agent_env, capture_live, compare_captures
 
-pytestmark = [pytest.mark.slow, pytest.mark.stack]
+pytestmark = [pytest.mark.slow, pytest.mark.stack, pytest.mark.timeout(3600)]
 
 IDS = [(i * 7919) % 20000 + 100 for i in range(32)]
 DECODE = 3
