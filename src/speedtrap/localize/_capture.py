@@ -133,6 +133,8 @@ class Capture:
             head |= {"rank": self.rank, "world": self.world, "ranks": [r.header() for r in self.ranks]}
             for entry, m in zip(head["modules"], self.modules, strict=True):
                 entry["layout"] = m.layout.to_json()
+            if self.ranks:  # the unsharded view is not stored twice: ``merge_ranks`` of the ranks, on load
+                head["modules"] = []
         return head
 
     def _header(self) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def save_capture(capture: Capture, path: Path) -> int:
     """Write ``capture`` atomically; returns the file's bytes."""
     from safetensors.torch import save_file
 
-    tensors = _tensors(capture, "")
+    tensors = {} if capture.ranks else _tensors(capture, "")  # several ranks: the unsharded view is rebuilt on load
     for r, one in enumerate(capture.ranks):
         tensors |= _tensors(one, f"r{r}.")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,9 +163,7 @@ def save_capture(capture: Capture, path: Path) -> int:
 
 
 def _tensors(capture: Capture, prefix: str) -> dict[str, Tensor]:
-    # a rank's rows may be the unsharded view's own tensors (a replicated output): its copy is stored apart
-    own = (lambda t: t.contiguous()) if not prefix else (lambda t: t.clone().contiguous())
-    return {f"{prefix}m{i}.{k}": own(m.rows[k]) for i, m in enumerate(capture.modules) for k in ROW_FIELDS}
+    return {f"{prefix}m{i}.{k}": m.rows[k].contiguous() for i, m in enumerate(capture.modules) for k in ROW_FIELDS}
 
 
 def load_capture(path: Path, role: str) -> Capture:
@@ -224,8 +224,10 @@ def parse_capture(header: Any, tensors: dict[str, Tensor], prefix: str = "") -> 
     held = len(modules) + sum(len(r.modules) for r in ranks)
     if not prefix and len(tensors) != held * len(ROW_FIELDS):
         raise ValueError(f"{len(tensors)} tensors for {held} modules")
+    if ranks and modules:
+        raise ValueError("a capture of several ranks stores its ranks' rows only")
     noise = header.get("noise")
-    return Capture(
+    capture = Capture(
         source=source,
         role=str(header["role"]),
         stack=str(header["stack"]),
@@ -244,6 +246,19 @@ def parse_capture(header: Any, tensors: dict[str, Tensor], prefix: str = "") -> 
         world=world,
         ranks=ranks,
     )  # fmt: skip
+    if not ranks:
+        return capture
+    from dataclasses import replace
+
+    from speedtrap.localize._ranks import merge_ranks
+
+    merged = merge_ranks(ranks)  # the unsharded view, as it was built when captured (the same function)
+    return replace(merged, **{k: getattr(capture, k) for k in _OWN})
+
+
+# What a capture of several ranks keeps of its own beside its ranks' rows.
+_OWN = ("source", "role", "stack", "label", "prompt", "decode_steps", "channels", "forwards", "skipped", "seconds",
+        "raw_bytes", "noise", "extra")  # fmt: skip
 
 
 def sampled(layout: Layout, features: int, channels: int, rank: int, world: int) -> int:

@@ -18,6 +18,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,12 +149,18 @@ def agent_capture(
     ident = link.send("capture", pids=pids, channels=channels)
     request()
     link.send("finish", pids=pids, of=ident)
-    ranks = []
-    for agent in agents:
-        started = time.monotonic()
+    started = time.monotonic()
+
+    def read(agent: dict[str, Any]) -> Capture:  # every rank's result read at once (each writes its own)
         result = link.result(ident, int(agent["pid"]))
         waited = time.monotonic() - started
-        ranks.append(_rank_capture(link, result, agent, ids, decode, stack, label, channels, waited))
+        return _rank_capture(link, result, agent, ids, decode, stack, label, channels, waited)
+
+    if len(agents) == 1:
+        ranks = [read(agents[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+            ranks = list(pool.map(read, agents))
     shutil.rmtree(link.folder / "results" / ident, ignore_errors=True)
     return merge_ranks(ranks)
 
