@@ -29,8 +29,7 @@ from speedtrap.localize._agentlink import AGENT_ENV, AGENT_PATH, AgentLink
 from speedtrap.localize._capture import AgentSource, Layout, keep_prompt_rows
 from speedtrap.localize._live import agent_capture, agent_scale
 from speedtrap.localize._ranks import merge_ranks
-from speedtrap.localize.agent.speedtrap_agent.ranks import shard_picks
-from speedtrap.localize.agent.speedtrap_agent.rows import reduce_for, reduce_rows
+from speedtrap.localize.agent.speedtrap_agent import reduce_for, reduce_rows, shard_picks
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 IDS = [3, 17, 42, 5, 9, 33, 61, 2, 28, 11, 47, 19]

@@ -263,7 +263,7 @@ _OWN = ("source", "role", "stack", "label", "prompt", "decode_steps", "channels"
 
 def sampled(layout: Layout, features: int, channels: int, rank: int, world: int) -> int:
     """How many channels one rank's rows of a tensor hold (a shard: the full sample's channels it has)."""
-    from speedtrap.localize.agent.speedtrap_agent.ranks import shard_picks
+    from speedtrap.localize.agent.speedtrap_agent import shard_picks
 
     if layout.kind != "sharded" or world <= 1:
         return min(features, channels)

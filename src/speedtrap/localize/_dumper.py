@@ -23,8 +23,7 @@ import torch
 from speedtrap._errors import ServerError
 from speedtrap.localize._capture import REPLICATED, Capture, DumperSource, ModuleRows, keep_prompt_rows, parse_layout
 from speedtrap.localize._ranks import merge_ranks
-from speedtrap.localize.agent.speedtrap_agent.ranks import complete
-from speedtrap.localize.agent.speedtrap_agent.rows import reduce_for
+from speedtrap.localize.agent.speedtrap_agent import complete, reduce_for
 
 PREFIX = "non_intrusive__"
 # Module outputs (``non_intrusive__<module>.output[.<i>]``) and the forward batch's token ids and positions.

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from speedtrap._errors import ServerError
 from speedtrap.localize._capture import REPLICATED, Capture, ModuleRows
-from speedtrap.localize.agent.speedtrap_agent.ranks import shard_picks
+from speedtrap.localize.agent.speedtrap_agent import shard_picks
 
 AGREE = 1e-5  # the relative difference under which two ranks hold the same tensor
 _KEYS = ("pos", "ids", "occ", "fwd")

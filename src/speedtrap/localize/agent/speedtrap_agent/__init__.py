@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_json
-from .ranks import declared, rank_world
-from .rows import Capture, reduce_rows
+from .ranks import complete, declared, rank_world, shard_picks
+from .rows import Capture, reduce_for, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
-__all__ = ["VERSION", "assigned", "attach", "install", "reduce_rows", "register", "shared_children", "unit_of"]
+__all__ = [
+    "VERSION", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register", "shard_picks",
+    "shared_children", "unit_of",
+]  # fmt: skip
 
 VERSION = "0.1.0"
 ENV_DIR = "SPEEDTRAP_AGENT_DIR"
