@@ -1,6 +1,7 @@
 """Build the SGLang example: SGLang 0.5.23's package as a git repository with speed patches as commits.
 
     python examples/sglang/build_example.py     # then: speedtrap run --manifest examples/sglang/speedtrap.toml
+    python examples/sglang/build_example.py --tp 2   # the same stack at tensor parallelism 2
 
 It makes (all ignored by git, rebuilt by this script):
 
@@ -115,15 +116,28 @@ def export_model(out: Path = MODEL) -> Path:
     return out
 
 
+# Tensor parallelism 2 on a CPU without AMX (../shared/tp-cpu.md): SGLang asserts a thread binding per rank
+# (without AMX it is not applied: the all-reduce falls back to gloo) and is 2x faster with one OMP thread.
+TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
+
+
 def manifest_text(
-    python: Path, model: Path, shas: dict[str, str], flags: bool = True, repeats: int = 0, repo: Path = REPO
+    python: Path,
+    model: Path,
+    shas: dict[str, str],
+    flags: bool = True,
+    repeats: int = 0,
+    repo: Path = REPO,
+    tp: int = 1,
 ) -> str:
-    """The example's manifest: the launch measured in ``sglang_stack.sglang_argv``, the commits, the flags."""
+    """The example's manifest: the launch measured in ``sglang_stack.sglang_argv``, the commits, the flags;
+    ``tp`` 2: the same at tensor parallelism 2 (``--tp 2`` and :data:`TP_ENV`)."""
     sys.path.insert(0, str(ROOT / "tests" / "sglang"))
     import sglang_stack
 
-    launch = sglang_stack.sglang_argv(python, Path("{model}"), 0)
+    launch = sglang_stack.sglang_argv(python, Path("{model}"), 0, *(("--tp", str(tp)) if tp > 1 else ()))
     launch[launch.index("--port") + 1] = "{port}"
+    env = {"SGLANG_USE_CPU_ENGINE": "1", **(TP_ENV if tp > 1 else {})}
     lines = [
         "# speedtrap over a real SGLang 0.5.23 (CPU) serving smol-moe's function in GLM-4.5's MoE layout.",
         "# Written by examples/sglang/build_example.py (paths and commit shas are this machine's).",
@@ -139,7 +153,7 @@ def manifest_text(
         f"start_timeout = {int(sglang_stack.START_TIMEOUT)}",
         "stop_timeout = 30",
         "retries = 0",
-        'env = { SGLANG_USE_CPU_ENGINE = "1" }',
+        "env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }",
         "",
     ]
     for name, _, _, _, message in COMMITS:
@@ -181,10 +195,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "sglang"))
     import sglang_stack
 
+    tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1  # --tp 2: the manifest at TP 2
     python = sglang_stack.ensure_python()
     model = export_model()
     shas = build_repo(python)
-    MANIFEST.write_text(manifest_text(python, model, shas))
+    MANIFEST.write_text(manifest_text(python, model, shas, tp=tp))
     print(f"wrote {REPO} ({len(shas) - 1} commits on {shas['base'][:10]}), {model}, {MANIFEST}")
 
 

@@ -51,7 +51,8 @@ class AgentLink:
         self.timeout = timeout
 
     def agents(self) -> list[dict[str, Any]]:
-        """The processes where the agent attached to a model (one per model-holding worker)."""
+        """The processes where the agent attached to a model: one per rank (each says its rank and world
+        size), in rank order; waits until every rank of the world the first says has attached."""
         deadline = time.monotonic() + min(self.timeout, 30.0)
         while True:
             found = []
@@ -60,7 +61,8 @@ class AgentLink:
                     found.append(json.loads(path.read_text()))
                 except (OSError, ValueError):
                     continue
-            if found or time.monotonic() >= deadline:
+            world = max((int(a.get("world", 1)) for a in found), default=1)
+            if (found and len(found) >= world) or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
         if not found:
@@ -68,17 +70,26 @@ class AgentLink:
                 f"no speedtrap agent attached to a model in the {self.role} server ({self.folder / 'agents'} is empty)",
                 "launch the server with agent_env(folder) added to its environment, and wait until it is healthy",
             )
+        found.sort(key=lambda a: int(a.get("rank", 0)))
+        ranks = [int(a.get("rank", 0)) for a in found]
+        if ranks != list(range(world)):
+            raise ServerError(
+                f"the {self.role} server's agents attached as ranks {ranks} of a world of {world}",
+                "wait until every rank has loaded its model (or relaunch); speedtrap reads every rank",
+            )
         return found
 
-    def send(self, action: str, **fields: Any) -> str:
-        """Write ``command.json`` atomically and wait until the agent has read it; returns the command id."""
+    def send(self, action: str, pids: Sequence[int] = (), **fields: Any) -> str:
+        """Write ``command.json`` atomically and wait until the agent has read it (every one of ``pids``:
+        the ranks of one forward must all hold the command before the request); returns the command id."""
         ident = f"{action}-{uuid.uuid4().hex[:12]}"
         path = self.folder / "command.json"
         tmp = path.with_name(f".command.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"id": ident, "action": action, **fields}))
         os.replace(tmp, path)
-        seen = self.folder / f"{ident}.seen"
-        self._wait(seen, f"the {self.role} server's agent did not read {path} within {self.timeout:g} s")
+        marks = [self.folder / f"{ident}.{pid}.seen" for pid in pids] or [self.folder / f"{ident}.seen"]
+        for seen in marks:
+            self._wait(seen, f"the {self.role} server's agent did not read {path} within {self.timeout:g} s")
         return ident
 
     def result(self, ident: str, pid: int) -> Path:

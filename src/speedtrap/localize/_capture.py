@@ -67,14 +67,40 @@ class Noise:
         return {"rel_diff": self.rel_diff, "module": self.module, "positions": self.positions}
 
 
+LAYOUTS = ("replicated", "sharded", "partial", "auto")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one rank's output relates to the whole tensor (see ``agent/speedtrap_agent/ranks.py``).
+
+    ``replicated``: every rank holds it; ``sharded``: the last dim split block by block (``parts``: one
+    rank's size of each block); ``partial``: a summand per rank; ``auto``: undeclared (the ranks decide).
+    """
+
+    kind: str = "replicated"
+    parts: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "parts": list(self.parts)} if self.parts else {"kind": self.kind}
+
+
+REPLICATED = Layout()
+
+
 @dataclass(frozen=True)
 class ModuleRows:
-    """One module output tensor's rows (``tensor``: its index among the output's float tensors)."""
+    """One module output tensor's rows (``tensor``: its index among the output's float tensors).
+
+    In one rank's capture of a tensor-parallel server, ``layout`` says how the rows relate to the whole
+    tensor; a sharded one's ``x`` holds the full tensor's sampled channels this rank has.
+    """
 
     name: str
     tensor: int
     features: int
     rows: dict[str, Tensor]  # ROW_FIELDS -> [R] (x: [R, channels])
+    layout: Layout = REPLICATED
 
     @property
     def count(self) -> int:
@@ -97,8 +123,21 @@ class Capture:
     raw_bytes: int = 0  # what the mechanism wrote before reduction (the dumper's .pt files, the agent's file)
     noise: Noise | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    world: int = 1  # the tensor-parallel size of the server captured
+    ranks: tuple[Capture, ...] = ()  # world > 1: every rank's own capture; ``modules`` is then the unsharded view
 
     def header(self) -> dict[str, Any]:
+        head = self._header()
+        if self.world > 1:
+            head |= {"rank": self.rank, "world": self.world, "ranks": [r.header() for r in self.ranks]}
+            for entry, m in zip(head["modules"], self.modules, strict=True):
+                entry["layout"] = m.layout.to_json()
+            if self.ranks:  # the unsharded view is not stored twice: ``merge_ranks`` of the ranks, on load
+                head["modules"] = []
+        return head
+
+    def _header(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "version": FORMAT_VERSION, "source": self.source.to_json(), "role": self.role,
             "stack": self.stack, "label": list(self.label), "prompt": list(self.prompt),
@@ -113,12 +152,18 @@ def save_capture(capture: Capture, path: Path) -> int:
     """Write ``capture`` atomically; returns the file's bytes."""
     from safetensors.torch import save_file
 
-    tensors = {f"m{i}.{k}": m.rows[k].contiguous() for i, m in enumerate(capture.modules) for k in ROW_FIELDS}
+    tensors = {} if capture.ranks else _tensors(capture, "")  # several ranks: the unsharded view is rebuilt on load
+    for r, one in enumerate(capture.ranks):
+        tensors |= _tensors(one, f"r{r}.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(capture.header())})
     tmp.replace(path)
     return path.stat().st_size
+
+
+def _tensors(capture: Capture, prefix: str) -> dict[str, Tensor]:
+    return {f"{prefix}m{i}.{k}": m.rows[k].contiguous() for i, m in enumerate(capture.modules) for k in ROW_FIELDS}
 
 
 def load_capture(path: Path, role: str) -> Capture:
@@ -145,17 +190,25 @@ def load_capture(path: Path, role: str) -> Capture:
         raise _bad(role, path, f"is not a valid capture: {exc}"[:300]) from None
 
 
-def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
+def parse_capture(header: Any, tensors: dict[str, Tensor], prefix: str = "") -> Capture:
     """The one parser: header and tensors to a :class:`Capture`; ValueError/KeyError/TypeError when invalid."""
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError("not a speedtrap live capture")
     if header.get("version") != FORMAT_VERSION:
         raise ValueError(f"format version {header.get('version')!r}, expected {FORMAT_VERSION}")
     source = _source(header["source"])
+    rank, world = _int(header.get("rank", 0), "rank"), _int(header.get("world", 1), "world")
+    if world < 1 or rank >= world:
+        raise ValueError(f"rank {rank} of {world}")
+    ranks = tuple(
+        parse_capture(h, tensors, f"r{r}.") for r, h in enumerate(_list(header.get("ranks", []), "ranks"))
+    ) if not prefix else ()  # fmt: skip
+    if ranks and (len(ranks) != world or any(c.rank != r or c.world != world for r, c in enumerate(ranks))):
+        raise ValueError(f"the ranks of a capture at world size {world} are not 0..{world - 1}")
     modules = []
     for i, entry in enumerate(_list(header["modules"], "modules")):
         entry = _obj(entry, f"modules[{i}]")
-        rows = {k: tensors[f"m{i}.{k}"] for k in ROW_FIELDS}
+        rows = {k: tensors[f"{prefix}m{i}.{k}"] for k in ROW_FIELDS}
         count = rows["pos"].shape[0] if rows["pos"].dim() == 1 else -1
         for k, t in rows.items():
             if str(t.dtype).removeprefix("torch.") != _DTYPES[k]:
@@ -163,13 +216,18 @@ def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
             if t.shape[0] != count or t.dim() != (2 if k == "x" else 1):
                 raise ValueError(f"module {i} field {k}: shape {tuple(t.shape)} does not match {count} rows")
         features = _int(entry["features"], "features")
-        if rows["x"].shape[1] != min(features, _int(header["channels"], "channels")):
+        layout = parse_layout(entry.get("layout"), features)
+        channels = _int(header["channels"], "channels")
+        if rows["x"].shape[1] != sampled(layout, features, channels, rank, world):
             raise ValueError(f"module {i}: {rows['x'].shape[1]} channels sampled of {features}")
-        modules.append(ModuleRows(str(entry["name"]), _int(entry["tensor"], "tensor"), features, rows))
-    if len(tensors) != len(modules) * len(ROW_FIELDS):
-        raise ValueError(f"{len(tensors)} tensors for {len(modules)} modules")
+        modules.append(ModuleRows(str(entry["name"]), _int(entry["tensor"], "tensor"), features, rows, layout))
+    held = len(modules) + sum(len(r.modules) for r in ranks)
+    if not prefix and len(tensors) != held * len(ROW_FIELDS):
+        raise ValueError(f"{len(tensors)} tensors for {held} modules")
+    if ranks and modules:
+        raise ValueError("a capture of several ranks stores its ranks' rows only")
     noise = header.get("noise")
-    return Capture(
+    capture = Capture(
         source=source,
         role=str(header["role"]),
         stack=str(header["stack"]),
@@ -184,7 +242,45 @@ def parse_capture(header: Any, tensors: dict[str, Tensor]) -> Capture:
         raw_bytes=_int(header.get("raw_bytes", 0), "raw_bytes"),
         noise=None if noise is None else _noise(noise),
         extra=dict(_obj(header.get("extra") or {}, "extra")),
+        rank=rank,
+        world=world,
+        ranks=ranks,
     )  # fmt: skip
+    if not ranks:
+        return capture
+    from dataclasses import replace
+
+    from speedtrap.localize._ranks import merge_ranks
+
+    merged = merge_ranks(ranks)  # the unsharded view, as it was built when captured (the same function)
+    return replace(merged, **{k: getattr(capture, k) for k in _OWN})
+
+
+# What a capture of several ranks keeps of its own beside its ranks' rows.
+_OWN = ("source", "role", "stack", "label", "prompt", "decode_steps", "channels", "forwards", "skipped", "seconds",
+        "raw_bytes", "noise", "extra")  # fmt: skip
+
+
+def sampled(layout: Layout, features: int, channels: int, rank: int, world: int) -> int:
+    """How many channels one rank's rows of a tensor hold (a shard: the full sample's channels it has)."""
+    from speedtrap.localize.agent.speedtrap_agent import shard_picks
+
+    if layout.kind != "sharded" or world <= 1:
+        return min(features, channels)
+    return len(shard_picks(list(layout.parts), world, rank, channels)[0])
+
+
+def parse_layout(data: Any, features: int) -> Layout:
+    if data is None:
+        return REPLICATED
+    data = _obj(data, "layout")
+    kind = data.get("kind")
+    if kind not in LAYOUTS:
+        raise ValueError(f"layout kind {kind!r}, expected one of {', '.join(LAYOUTS)}")
+    parts = tuple(_int(p, "layout part") for p in _list(data.get("parts") or [], "layout parts"))
+    if kind == "sharded" and (not parts or sum(parts) != features or 0 in parts):
+        raise ValueError(f"a sharded layout's parts {list(parts)} do not add up to its {features} features")
+    return Layout(str(kind), parts if kind == "sharded" else ())
 
 
 def _noise(data: Any) -> Noise:
@@ -237,7 +333,12 @@ def _bad(role: str, path: Path, what: str) -> ServerError:
 
 
 def keep_prompt_rows(
-    name: str, tensor: int, features: int, rows: dict[str, torch.Tensor], prompt: Sequence[int]
+    name: str,
+    tensor: int,
+    features: int,
+    rows: dict[str, torch.Tensor],
+    prompt: Sequence[int],
+    layout: Layout = REPLICATED,
 ) -> ModuleRows:
     """Drop rows at prompt positions whose fed token is not the prompt's (another request's forward)."""
     table = torch.tensor(list(prompt), dtype=torch.long)
@@ -251,4 +352,4 @@ def keep_prompt_rows(
     }  # fmt: skip
     if not bool(ok.all()):
         typed = {k: v[ok] for k, v in typed.items()}
-    return ModuleRows(name, tensor, features, {k: v.contiguous() for k, v in typed.items()})
+    return ModuleRows(name, tensor, features, {k: v.contiguous() for k, v in typed.items()}, layout)

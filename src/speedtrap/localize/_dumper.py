@@ -21,8 +21,9 @@ import httpx
 import torch
 
 from speedtrap._errors import ServerError
-from speedtrap.localize._capture import Capture, DumperSource, ModuleRows, keep_prompt_rows
-from speedtrap.localize.agent.speedtrap_agent import reduce_rows
+from speedtrap.localize._capture import REPLICATED, Capture, DumperSource, ModuleRows, keep_prompt_rows, parse_layout
+from speedtrap.localize._ranks import merge_ranks
+from speedtrap.localize.agent.speedtrap_agent import complete, reduce_for
 
 PREFIX = "non_intrusive__"
 # Module outputs (``non_intrusive__<module>.output[.<i>]``) and the forward batch's token ids and positions.
@@ -109,9 +110,11 @@ def capture_dumper(
     channels: int,
     timeout: float,
     control_url: str | None = None,
+    layouts: dict[int, dict[str, Any]] | None = None,
 ) -> Capture:
     """One request through ``url`` with the dumper of the SGLang server at ``control_url`` (default ``url``;
-    a prefill/decode stack's router has no dumper: each role's server is switched on its own port)."""
+    a prefill/decode stack's router has no dumper: each role's server is switched on its own port).
+    ``layouts``: per rank, each module's declared layout (the agent's, when it ran in the server too)."""
     from speedtrap.localize._agentlink import send_request
 
     exp = f"speedtrap-{uuid.uuid4().hex[:12]}"
@@ -124,29 +127,62 @@ def capture_dumper(
             _configure(client, control, {"enable": False})
     where = Path(folder) / exp
     try:
-        return reduce_dump(where, ids, decode, role, stack or "sglang", label, channels)
+        return reduce_dump(where, ids, decode, role, stack or "sglang", label, channels, layouts)
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
 
 def reduce_dump(
-    where: Path, prompt: Sequence[int], decode: int, role: str, stack: str, label: tuple[str, ...], channels: int
+    where: Path,
+    prompt: Sequence[int],
+    decode: int,
+    role: str,
+    stack: str,
+    label: tuple[str, ...],
+    channels: int,
+    layouts: dict[int, dict[str, Any]] | None = None,
 ) -> Capture:
-    """Read one request's dump folder and reduce it to a capture (rows per fed token)."""
+    """Read one request's dump folder and reduce it to a capture (rows per fed token).
 
+    Every rank's files (the ``rank`` tag) are reduced apart, then put back together (``merge_ranks``):
+    ``layouts`` (rank -> module -> the layout the agent read from the module's class, when the agent ran in
+    the server too) says which outputs are sharded or partial; an undeclared one is ``auto``.
+    """
     files = sorted(where.glob("*.pt")) if where.is_dir() else []
     if not files:
         raise ServerError(
             f"the {role} server's dumper wrote no file in {where}",
             "launch SGLang with dumper_env(folder), and check its log for dumper errors",
         )
-    entries: list[tuple[int, int, str, Path]] = []
+    by_rank: dict[int, list[tuple[int, int, str, Path]]] = {}
     for path in files:
         try:
             tags = parse_dump_name(path.name)
         except ValueError as exc:
             raise ServerError(f"the {role} dump file {path} has an unexpected name: {exc}", "capture again") from None
-        entries.append((int(tags["step"]), int(tags["dump_index"]), in_layer(str(tags["name"]), tags), path))
+        rank = tags.get("rank", 0)
+        entry = (int(tags["step"]), int(tags["dump_index"]), in_layer(str(tags["name"]), tags), path)
+        by_rank.setdefault(rank if isinstance(rank, int) else 0, []).append(entry)
+    world = len(by_rank)
+    if sorted(by_rank) != list(range(world)):
+        raise ServerError(f"the {role} server's dumper wrote ranks {sorted(by_rank)}", "capture again")
+    source = DumperSource("sglang-dumper", where.name, len(files))
+    head = (source, role, stack, label, tuple(prompt), decode, channels)
+    ranks = [
+        _reduce_rank(head, entries, rank, world, (layouts or {}).get(rank, {}))
+        for rank, entries in sorted(by_rank.items())
+    ]
+    return merge_ranks(ranks)
+
+
+def _reduce_rank(
+    head: tuple[DumperSource, str, str, tuple[str, ...], tuple[int, ...], int, int],
+    entries: list[tuple[int, int, str, Path]],
+    rank: int,
+    world: int,
+    layouts: dict[str, Any],
+) -> Capture:
+    source, role, stack, label, prompt, decode, channels = head
     entries.sort()
     raw = sum(p.stat().st_size for *_, p in entries)
     core: dict[tuple[int, str], torch.Tensor] = {}
@@ -156,6 +192,7 @@ def reduce_dump(
     steps = sorted({s for s, _ in core})
     parts: dict[tuple[str, int], dict[str, list[torch.Tensor]]] = {}
     features: dict[tuple[str, int], int] = {}
+    shapes: dict[tuple[str, int], dict[str, Any]] = {}
     skipped: set[str] = set()
     calls: dict[tuple[int, str], int] = {}
     for step, _, name, path in entries:
@@ -171,8 +208,10 @@ def reduce_dump(
             continue
         rows = value.reshape(pos.shape[0], -1)
         features.setdefault(out, int(rows.shape[1]))
+        declared = layouts.get(out[0], {"kind": "auto"}) if world > 1 else {"kind": "replicated"}
+        shape = shapes.setdefault(out, complete(declared if out[1] == 0 else {"kind": "auto"}, int(rows.shape[1])))
         part = parts.setdefault(out, {k: [] for k in ("x", "sq", "max", "pos", "ids", "occ", "fwd")})
-        for k, v in reduce_rows(rows, channels).items():
+        for k, v in reduce_for(rows, channels, shape, world, rank).items():
             part[k].append(v)
         n = rows.shape[0]
         part["pos"].append(pos)
@@ -182,13 +221,13 @@ def reduce_dump(
     modules: list[ModuleRows] = []
     for (module, index), part in parts.items():
         rows_of = {k: torch.cat(v) for k, v in part.items()}
-        kept = keep_prompt_rows(module, index, features[(module, index)], rows_of, prompt)
+        layout = parse_layout(shapes[(module, index)], features[(module, index)]) if world > 1 else None
+        kept = keep_prompt_rows(module, index, features[(module, index)], rows_of, prompt, layout or REPLICATED)
         if kept.count:
             modules.append(kept)
-    source = DumperSource("sglang-dumper", where.name, len(files))
     return Capture(
         source, role, stack, label, tuple(prompt), decode, channels, tuple(modules), len(steps),
-        tuple(sorted(skipped)), 0.0, raw,
+        tuple(sorted(skipped)), 0.0, raw, rank=rank, world=world,
     )  # fmt: skip
 
 

@@ -17,16 +17,18 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from speedtrap._errors import UsageError
 from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_request
-from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, save_capture
+from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, parse_layout, sampled, save_capture
 from speedtrap.localize._livediff import noise_of
+from speedtrap.localize._ranks import combine_scale, merge_ranks
 from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
 from speedtrap.localize._scale import DEFAULT_MULTIPLIERS, DEFAULT_PARAM, _fit, _values, norms_of, unit_from_gram
 
@@ -51,6 +53,7 @@ def capture_live(
     model: str | None = None,
     timeout: float = 300.0,
     control_url: str | None = None,
+    agent_folder: Path | None = None,
 ) -> Capture:
     """Capture one request through the running server at ``url`` into ``out`` (a capture file).
 
@@ -58,6 +61,7 @@ def capture_live(
     (``"sglang-dumper"``). ``repeat``: send the request twice and keep the second's difference from
     the first as the capture's ``noise`` (do it for the base: the comparison's threshold uses it).
     ``control_url``: the SGLang server whose dumper is switched (default ``url``; a stack's role behind a router).
+    ``agent_folder``: with the dumper, the same server's agent folder, whose agents say each rank's layouts.
     """
     ids = [int(t) for t in ids]
     if len(ids) < 2 or decode < 0 or channels < 1:
@@ -65,7 +69,8 @@ def capture_live(
             f"a live capture needs 2+ prompt tokens, decode >= 0, channels >= 1 (got {len(ids)}, {decode}, {channels})",
             "pass a longer prompt or fix the numbers",
         )
-    args = (url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout, control_url)
+    layouts = _layouts(agent_folder, role, timeout) if mechanism == "sglang-dumper" else None
+    args = (url, folder, ids, api, decode, role, stack, label, mechanism, channels, model, timeout, control_url, layouts)  # fmt: skip  # noqa: E501
     first = _once(*args)
     if repeat:
         second = _once(*args)
@@ -74,6 +79,14 @@ def capture_live(
     compact = save_capture(first, out)
     first.extra["bytes"] = compact
     return first
+
+
+def _layouts(folder: Path | None, role: str, timeout: float) -> dict[int, dict[str, Any]] | None:
+    """Per rank, each module's declared layout, from the agents of the same server (None: no agent there)."""
+    if folder is None or not (Path(folder) / "agents").is_dir():
+        return None
+    agents = AgentLink(Path(folder), role, timeout).agents()
+    return {int(a.get("rank", 0)): dict(a.get("layouts") or {}) for a in agents}
 
 
 def _with(capture: Capture, **changes: object) -> Capture:
@@ -96,6 +109,7 @@ def _once(
     model: str | None,
     timeout: float,
     control_url: str | None,
+    layouts: dict[int, dict[str, Any]] | None,
 ) -> Capture:
     started = time.monotonic()
     flush_cache(control_url or url, "sglang" if mechanism == "sglang-dumper" else api, timeout)  # a repeat: all again
@@ -103,40 +117,93 @@ def _once(
         from speedtrap.localize._dumper import capture_dumper
 
         capture = capture_dumper(
-            url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout, control_url
+            url, Path(folder), ids, decode, role, stack, tuple(label), channels, timeout, control_url, layouts
         )
         return _with(capture, seconds=time.monotonic() - started)
     link = AgentLink(Path(folder), role, timeout)
-    agent = link.agents()[0]
-    ident = link.send("capture", channels=channels)
-    send_request(url, api, ids, decode + 1, model=model, timeout=timeout)
-    link.send("finish", of=ident)
-    result = link.result(ident, int(agent["pid"]))
+
+    def request() -> None:
+        send_request(url, api, ids, decode + 1, model=model, timeout=timeout)
+
+    capture = agent_capture(link, ids, decode, request, stack=stack, label=label, channels=channels)
+    return _with(capture, seconds=time.monotonic() - started)
+
+
+def agent_capture(
+    link: AgentLink,
+    ids: list[int],
+    decode: int,
+    request: Callable[[], None],
+    *,
+    stack: str = "",
+    label: Sequence[str] = (),
+    channels: int = DEFAULT_CHANNELS,
+) -> Capture:
+    """One capture through ``link``'s agents, every rank of the server: ``request`` sends the request.
+
+    Under tensor or expert parallelism each rank's rows are read and put back together
+    (:func:`merge_ranks`); the capture keeps every rank's own beside the unsharded view.
+    """
+    agents = link.agents()
+    pids = [int(a["pid"]) for a in agents]
+    ident = link.send("capture", pids=pids, channels=channels)
+    request()
+    link.send("finish", pids=pids, of=ident)
+    started = time.monotonic()
+
+    def read(agent: dict[str, Any]) -> Capture:  # every rank's result read at once (each writes its own)
+        result = link.result(ident, int(agent["pid"]))
+        waited = time.monotonic() - started
+        return _rank_capture(link, result, agent, ids, decode, stack, label, channels, waited)
+
+    if len(agents) == 1:
+        ranks = [read(agents[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+            ranks = list(pool.map(read, agents))
+    shutil.rmtree(link.folder / "results" / ident, ignore_errors=True)
+    return merge_ranks(ranks)
+
+
+def _rank_capture(
+    link: AgentLink,
+    result: Path,
+    agent: dict[str, Any],
+    ids: list[int],
+    decode: int,
+    stack: str,
+    label: Sequence[str],
+    channels: int,
+    waited: float,
+) -> Capture:
+    """One rank's result folder -> its capture (its layouts checked by the one parser's rules)."""
     meta = link.read_json(result / "capture.json")
     tensors, raw = _agent_tensors(link, result)
+    rank, world = int(meta.get("rank", 0)), int(meta.get("world", 1))
     try:
-        modules = [
-            keep_prompt_rows(
-                m["name"], int(m["tensor"]), int(m["features"]), {k: tensors[f"{m['key']}.{k}"] for k in _FIELDS}, ids
-            )
-            for m in meta["modules"]
-        ]
+        modules = []
+        for m in meta["modules"]:
+            features = int(m["features"])
+            layout = parse_layout(m.get("layout") if world > 1 else None, features)
+            rows = {k: tensors[f"{m['key']}.{k}"] for k in _FIELDS}
+            if rows["x"].shape[1] != sampled(layout, features, channels, rank, world):
+                raise ValueError(f"module {m['name']}: {rows['x'].shape[1]} channels for its layout")
+            modules.append(keep_prompt_rows(m["name"], int(m["tensor"]), features, rows, ids, layout))
     except (KeyError, TypeError, ValueError) as exc:
         raise link.bad(result, f"holds an incomplete capture ({type(exc).__name__}: {exc})"[:200]) from None
-    shutil.rmtree(result.parent, ignore_errors=True)
     source = AgentSource("agent", int(agent["pid"]), str(agent["engine"]), str(agent["model_class"]))
     return Capture(
-        source, role, stack or str(agent["engine"]), tuple(label), tuple(ids), decode, channels,
+        source, link.role, stack or str(agent["engine"]), tuple(label), tuple(ids), decode, channels,
         tuple(m for m in modules if m.count), len(meta.get("forwards", [])), tuple(meta.get("skipped", [])),
-        time.monotonic() - started, raw,
+        waited, raw, rank=rank, world=world,
     )  # fmt: skip
 
 
 _FIELDS = ("x", "sq", "max", "pos", "ids", "occ", "fwd")
 
 
-def _agent_tensors(link: AgentLink, result: Path) -> tuple[dict[str, torch.Tensor], int]:
-    st, pt = result / "capture.safetensors", result / "capture.pt"
+def _agent_tensors(link: AgentLink, result: Path, stem: str = "capture") -> tuple[dict[str, torch.Tensor], int]:
+    st, pt = result / f"{stem}.safetensors", result / f"{stem}.pt"
     path = st if st.exists() else pt
     if not path.exists():
         raise link.bad(st, "is missing")
@@ -178,18 +245,44 @@ def scale_live(
     if values is not None:
         _values(values, 1.0)  # the same validation as in-process
     link = AgentLink(Path(folder), role, timeout)
-    agent = link.agents()[0]
+
+    def request() -> None:
+        send_request(url, api, ids, 1, model=model, timeout=timeout)
+
+    return agent_scale(link, ids, request, param=param, values=values, label=label, target=target)
+
+
+def agent_scale(
+    link: AgentLink,
+    ids: list[int],
+    request: Callable[[], None],
+    *,
+    param: str = DEFAULT_PARAM,
+    values: Sequence[float] | None = None,
+    label: Sequence[str] = (),
+    target: str = "",
+) -> ScaleCheckResult:
+    """The scale check through ``link``'s agents, every rank (a unit combined over its ranks: ``combine_scale``)."""
+    agents = link.agents()
+    pids = [int(a["pid"]) for a in agents]
     fields: dict[str, object] = {"param": param}
     fields |= {"values": [float(v) for v in values]} if values else {"multipliers": list(DEFAULT_MULTIPLIERS)}
-    ident = link.send("scale", **fields)
-    send_request(url, api, ids, 1, model=model, timeout=timeout)
-    result = link.result(ident, int(agent["pid"]))
-    data = link.read_json(result / "scale.json")
-    shutil.rmtree(result.parent, ignore_errors=True)
+    ident = link.send("scale", pids=pids, **fields)
+    request()
+    per_rank = []
+    for agent in agents:
+        result = link.result(ident, int(agent["pid"]))
+        data = link.read_json(result / "scale.json")
+        vectors: dict[str, torch.Tensor] = {}
+        if len(agents) > 1 and not data.get("absent"):
+            vectors = _agent_tensors(link, result, "scale")[0]
+        per_rank.append((int(agent.get("rank", 0)), data, vectors))
+    shutil.rmtree(link.folder / "results" / ident, ignore_errors=True)
+    engine = str(agents[0]["engine"])
     try:
-        return _scale_result(data, tuple(label), len(ids), target or str(agent["engine"]))
+        return _scale_result(combine_scale(per_rank), tuple(label), len(ids), target or engine)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise link.bad(result / "scale.json", f"is incomplete ({type(exc).__name__}: {exc})"[:200]) from None
+        raise link.bad(link.folder / "results" / ident, f"is incomplete ({type(exc).__name__}: {exc})"[:200]) from None
 
 
 def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, target: str) -> ScaleCheckResult:
@@ -209,6 +302,7 @@ def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, 
             fits.append(ConsumerFit(str(consumer["module"]), exponent, residual))
         shared = [str(s) for s in entry["shared"]]
         measured = "output - " + "/".join(shared) if shared else "output"
+        measured += str(entry.get("over_ranks", ""))  # several ranks: how their contributions were combined
         units.append(unit_from_gram(str(entry["module"]), measured, tuple(fits), values, gram, nominal))
     pinned = tuple(PinnedSite(str(p["module"]), float(p["value"])) for p in data.get("pinned", []))  # type: ignore[attr-defined]
     return ScaleCheckResult(target, str(data["param"]), nominal, tuple(values), label, tokens, tuple(units), pinned)

@@ -20,6 +20,7 @@ from speedtrap._errors import UsageError
 from speedtrap.localize._assemble import diff_result, module_diff
 from speedtrap.localize._capture import Capture, ModuleRows, Noise
 from speedtrap.localize._pairing import canonical
+from speedtrap.localize._ranks import rank_notes, rank_pairs
 from speedtrap.localize._results import LayerDiffResult, ModuleDiff, layer_of
 from speedtrap.localize._stats import Accumulator, compare_rows, position_edges
 
@@ -82,9 +83,13 @@ def compare_captures(
         )
     effective = max(threshold, NOISE_MARGIN * base.noise.rel_diff) if base.noise else threshold
     edges = position_edges(limit)
-    records = _compare(base, trial, limit, edges)
+    records: dict[str, _Rec] = {}
+    pairs = rank_pairs(base, trial)  # rank by rank at one world size, else the unsharded views
+    for b, t in pairs:
+        _compare(b, t, limit, edges, records)
+    _rank_notes(base, trial, records, len(pairs) > 1)
     modules = [module_diff(n, r.calls, r.compared, r.acc, r.notes, r.mismatched) for n, r in records.items()]
-    matched = {canonical(m.name) for m in trial.modules} | {m.name for m in trial.modules}
+    matched = {canonical(m.name) for m in trial.modules} | {m.name for m in trial.modules} | set(records)
     for m in base.modules:
         if m.name not in matched and canonical(m.name) not in matched:
             matched.add(m.name)
@@ -93,9 +98,28 @@ def compare_captures(
     return diff_result(target or trial.stack, trial.label, base.label, limit, decode, effective, edges, modules)
 
 
-def _compare(base: Capture, trial: Capture, limit: int, edges: list[int]) -> dict[str, _Rec]:
+def _rank_notes(base: Capture, trial: Capture, records: dict[str, _Rec], by_rank: bool) -> None:
+    """Ranks that disagree on a replicated output, and (across world sizes) the trial's rank-local outputs."""
+    for capture in (base, trial):
+        for module, notes in rank_notes(capture).items():
+            rec = records.setdefault(module, _Rec(len(records), Accumulator(1)))
+            rec.notes.extend(notes)
+    if by_rank or base.world == trial.world:
+        return
+    for name in trial.extra.get("ranks", {}).get("rank_local", []):
+        rec = records.setdefault(name, _Rec(len(records), Accumulator(1)))
+        rec.mismatched = True
+        rec.notes.append(
+            f"rank-local at TP {trial.world} (its ranks differ and no layout is declared): not comparable with TP "
+            f"{base.world}"
+        )
+
+
+def _compare(
+    base: Capture, trial: Capture, limit: int, edges: list[int], records: dict[str, _Rec] | None = None
+) -> dict[str, _Rec]:
     by_name = {(m.name, m.tensor): m for m in base.modules}
-    records: dict[str, _Rec] = {}
+    records = {} if records is None else records
     for y in trial.modules:
         rec = records.setdefault(y.name, _Rec(len(records), Accumulator(len(edges) - 1)))
         calls = _calls(y)

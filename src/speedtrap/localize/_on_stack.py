@@ -71,6 +71,7 @@ class RoleResult:
     base_scale: ScaleCheckResult | None
     capture_bytes: int
     raw_bytes: int
+    ranks: str = ""  # tensor/expert parallelism: how every rank was read and combined, in words ("" at one rank)
 
 
 @dataclass
@@ -96,7 +97,8 @@ class StackLocalization:
             if shown.mechanism == "sglang-dumper"
             else ("speedtrap's in-worker agent")
         )
-        return f"live, on {self.stack}, role {self.role}, captured by {how}"
+        ranks = f"; {shown.ranks}" if shown.ranks else ""
+        return f"live, on {self.stack}, role {self.role}, captured by {how}{ranks}"
 
     def extra(self) -> dict[str, Any]:
         """What the run directory keeps beside the shown result (every role, the cost)."""
@@ -149,11 +151,34 @@ def localize_on_stack(
         b, t = stored[role], trial[role]
         layers = compare_captures(b.capture, t.capture, request.threshold, target=_stack_words(launcher))
         results[role] = RoleResult(
-            role, t.mechanism, layers, t.scale, b.scale, t.capture.extra.get("bytes", 0), t.capture.raw_bytes
-        )
+            role, t.mechanism, layers, t.scale, b.scale, t.capture.extra.get("bytes", 0), t.capture.raw_bytes,
+            _ranks_words(b.capture, t.capture, t.scale),
+        )  # fmt: skip
     shown, notes = _shown_role(launcher, culprit, results)
     notes += [f"{role}: {note}" for role, m in trial.items() for note in m.capture.extra.get("notes", [])]
+    for measured in (*stored.values(), *trial.values()):  # ranks that disagree on a replicated output: named
+        for d in measured.capture.extra.get("ranks", {}).get("disagree", []):
+            notes.append(
+                f"{d['role']} rank {d['rank']} disagrees with rank 0 on the replicated output of {d['module']} "
+                f"(rel diff {d['rel_diff']:.3g})"
+            )
     return StackLocalization(label, _stack_words(launcher), shown, results, launches, time.monotonic() - started, notes)
+
+
+def _ranks_words(base: Capture, trial: Capture, scale: ScaleCheckResult | None) -> str:
+    """How a tensor- or expert-parallel role's ranks were read and combined, in words ("" at one rank)."""
+    if base.world <= 1 and trial.world <= 1:
+        return ""
+    how = "rank by rank" if base.world == trial.world else f"unsharded (base at TP {base.world}, trial {trial.world})"
+    words = f"every rank (TP {trial.world}), layers compared {how}"
+    combined = next((u.measured for u in scale.units if "over ranks" in u.measured), "") if scale else ""
+    words += f"; scale check per unit: {combined}" if combined else ""
+    named = [f"{d['role']} rank {d['rank']} on {d['module']}" for c in (base, trial)
+             for d in c.extra.get("ranks", {}).get("disagree", [])]  # fmt: skip
+    if named:
+        more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+        words += f"; RANKS DISAGREE on a replicated output: {', '.join(named[:3])}{more}"
+    return words
 
 
 @dataclass
@@ -246,6 +271,7 @@ def _measure(
                     api=api, out=folder / f"{name}.{role}.capture", decode=request.decode,
                     role=f"{name} {role}", stack=_stack_words(launcher), label=label, repeat=repeat,
                     mechanism=mechanism, model=request.model, timeout=request.timeout, control_url=own,
+                    agent_folder=agents / role,
                 )  # fmt: skip
                 scale = None
                 if request.param is not None:

@@ -31,10 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_json
-from .rows import Capture, reduce_rows
+from .ranks import complete, declared, rank_world, shard_picks
+from .rows import Capture, reduce_for, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
-__all__ = ["VERSION", "assigned", "attach", "install", "reduce_rows", "register", "shared_children", "unit_of"]
+__all__ = [
+    "VERSION", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register", "shard_picks",
+    "shared_children", "unit_of",
+]  # fmt: skip
 
 VERSION = "0.1.0"
 ENV_DIR = "SPEEDTRAP_AGENT_DIR"
@@ -64,8 +68,12 @@ class Agent:
         self.seen: str | None = None
         self.stamp: tuple[int, int] | None = None
         (folder / "agents").mkdir(parents=True, exist_ok=True)
-        info = {"pid": os.getpid(), "engine": engine, "model_class": type(root).__name__, "version": VERSION,
-                "modules": sum(1 for _ in root.named_modules())}  # fmt: skip
+        rank, world = rank_world()
+        info: dict[str, Any] = {"pid": os.getpid(), "engine": engine, "model_class": type(root).__name__,
+                                "version": VERSION, "modules": sum(1 for _ in root.named_modules()), "rank": rank,
+                                "world": world}  # fmt: skip
+        if world > 1:  # each output's layout as its class declares it (read by the SGLang dumper's reduction)
+            info["layouts"] = {n: declared(m, world) for n, m in root.named_modules()}
         write_json(folder / "agents" / f"{os.getpid()}.json", info)
         threading.Thread(target=self._watch, name="speedtrap-agent", daemon=True).start()
 
@@ -87,6 +95,7 @@ class Agent:
                 continue
             self.seen = ident
             self._handle(command)
+            write_json(self.folder / f"{ident}.{os.getpid()}.seen", {"pid": os.getpid()})  # every rank's own
             write_json(self.folder / f"{ident}.seen", {"pid": os.getpid()})
 
     def _handle(self, command: dict[str, Any]) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import write_json, write_tensors
+from .ranks import complete, declared, rank_world, shard_picks
 
 if TYPE_CHECKING:
     from . import Agent
@@ -39,6 +41,19 @@ def reduce_rows(rows: Any, channels: int) -> dict[str, Any]:
         "max": floats.abs().amax(dim=-1).float().cpu() if rows.shape[1] else torch.zeros(rows.shape[0]),
         "x": picked.float().cpu().clone(),
     }
+
+
+def reduce_for(rows: Any, channels: int, layout: dict[str, Any], world: int, rank: int) -> dict[str, Any]:
+    """:func:`reduce_rows` of one rank's rows: a shard's sample is the full tensor's channels it holds
+    (sum of squares and max |x| are its own: the harness adds and maxes them over the ranks)."""
+    import torch
+
+    if world <= 1 or layout.get("kind") != "sharded":
+        return reduce_rows(rows, channels)
+    _, local = shard_picks(list(layout["parts"]), world, rank, channels)
+    out = reduce_rows(rows, rows.shape[1])  # every channel: then the sample's
+    out["x"] = out["x"].index_select(1, torch.tensor(local, dtype=torch.long))
+    return out
 
 
 def float_tensors(obj: Any) -> list[Any]:
@@ -143,6 +158,11 @@ class Capture:
         self.calls: dict[str, int] = {}
         self.starts: list[int] = []
         self.offset = 0
+        # Tensor parallelism: this rank, and each output's layout over the ranks (see ranks.py).
+        self.rank, self.world = rank_world()
+        self.layouts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.declared = {id(m): declared(m, self.world) for _, m in agent.root.named_modules()}
+        self.outputs: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(tensor) -> (weakref, its layout)
         # A module object reachable under several names (vLLM and SGLang share one rotary embedding
         # across layers) is named by the call: the alias whose parent is the module now running.
         aliases: dict[int, list[str]] = {}
@@ -161,6 +181,7 @@ class Capture:
         self.layout = layout(self.agent.engine, args, kwargs)
         self.calls = {}
         self.running = []
+        self.outputs = {}
         if self.agent.engine == "speedtrap":
             cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
             ids = kwargs.get("input_ids", args[0] if args else None)
@@ -187,7 +208,7 @@ class Capture:
         return pre_hook
 
     def _hook(self) -> Any:
-        def hook(_module: Any, _args: Any, output: Any) -> None:
+        def hook(module: Any, _args: Any, output: Any) -> None:
             name = self.running.pop() if self.running else ""
             lay = self.layout
             if lay is None:
@@ -195,20 +216,41 @@ class Capture:
             occurrence = self.calls.get(name, 0)
             self.calls[name] = occurrence + 1
             for j, t in enumerate(float_tensors(output)):
+                own = self._layout_of(module, t)
                 rows = as_rows(t.detach(), lay)
                 if rows is None:
                     self.skipped.add(name)
                     continue
+                self.layouts.setdefault((name, j), complete(own, int(rows.shape[1])))
                 self._add((name, j), rows, lay, occurrence)
 
         return hook
+
+    def _layout_of(self, module: Any, t: Any) -> dict[str, Any]:
+        """The class's layout; a module that hands on a child's output tensor as it is has that child's."""
+        import weakref
+
+        own = self.declared.get(id(module), {"kind": "auto"})
+        if self.world <= 1:
+            return own
+        if own.get("kind") == "auto":
+            seen = self.outputs.get(id(t))
+            if seen is not None and seen[0]() is t:
+                return seen[1]
+        with contextlib.suppress(TypeError):  # a tensor subclass without weak references: nothing handed on
+            self.outputs[id(t)] = (weakref.ref(t), own)
+        return own
+
+    def _reduce(self, key: tuple[str, int], rows: Any) -> dict[str, Any]:
+        layout = self.layouts.get(key, {"kind": "replicated"})
+        return reduce_for(rows, self.channels, layout, self.world, self.rank)
 
     def _add(self, key: tuple[str, int], rows: Any, lay: Layout, occurrence: int) -> None:
         import torch
 
         self.features.setdefault(key, int(rows.shape[1]))
         part = self.parts.setdefault(key, {"x": [], "sq": [], "max": [], "pos": [], "ids": [], "occ": [], "fwd": []})
-        for k, v in reduce_rows(rows, self.channels).items():
+        for k, v in self._reduce(key, rows).items():
             part[k].append(v)
         n = rows.shape[0]
         part["pos"].append(lay.positions)
@@ -228,7 +270,8 @@ class Capture:
         tensors: dict[str, Any] = {}
         modules = []
         for i, (key, part) in enumerate(self.parts.items()):
-            modules.append({"key": f"m{i}", "name": key[0], "tensor": key[1], "features": self.features[key]})
+            modules.append({"key": f"m{i}", "name": key[0], "tensor": key[1], "features": self.features[key],
+                            "layout": self.layouts.get(key, {"kind": "replicated"})})  # fmt: skip
             for k, v in part.items():
                 tensors[f"m{i}.{k}"] = torch.cat(v).contiguous()
         meta = {
@@ -236,6 +279,8 @@ class Capture:
             "forwards": self.forwards,
             "skipped": sorted(self.skipped),
             "channels": self.channels,
+            "rank": self.rank,
+            "world": self.world,
         }
         write_tensors(out / "capture", tensors)
         write_json(out / "capture.json", meta)

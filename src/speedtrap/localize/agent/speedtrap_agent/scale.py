@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import write_json
+from .files import write_json, write_tensors
+from .ranks import rank_world
 from .rows import float_tensors
 
 if TYPE_CHECKING:
@@ -161,6 +162,10 @@ class Scale:
         self.units = sorted(names, key=order.index)
         self.modules = modules
         self.inputs: dict[str, tuple[Any, Any]] = {}
+        # Under tensor or expert parallelism each rank's routed outputs (not only their Gram) go to the
+        # harness, which combines a unit's contributions over the ranks (``scale.safetensors``).
+        self.world = rank_world()[1]
+        self.vectors: dict[str, Any] = {}
         self.handles = [modules[u].register_forward_pre_hook(self._pre(u), with_kwargs=True) for u in self.units]
 
     def _pre(self, name: str) -> Any:
@@ -176,7 +181,7 @@ class Scale:
         for h in self.handles:
             h.remove()
         every = [s.obj for s in self.sites]
-        units = []
+        units: list[dict[str, Any]] = []
         with torch.inference_mode():
             for name in self.units:
                 if name not in self.inputs:
@@ -184,23 +189,37 @@ class Scale:
                 unit = self.modules[name]
                 consumers = [s for s in self.sites if s.unit == name]
                 entry: dict[str, Any] = {"module": name, "shared": shared_children(unit)}
-                entry["gram"] = self._gram(unit, name, every)
+                entry["gram"] = self._gram(unit, name, every, f"u{len(units)}")
                 entry["consumers"] = (
-                    [{"module": s.name, "gram": self._gram(unit, name, [s.obj])} for s in consumers]
+                    [
+                        {"module": s.name, "gram": self._gram(unit, name, [s.obj], f"u{len(units)}.c{i}")}
+                        for i, s in enumerate(consumers)
+                    ]
                     if len(consumers) > 1
                     else [{"module": s.name, "gram": None} for s in consumers]
                 )
                 units.append(entry)
+        if self.vectors:
+            write_tensors(out / "scale", self.vectors)
         along = [s.name for s in self.sites if s.unit is None]
         write_json(out / "scale.json", {
             "param": self.param, "nominal": self.nominal, "values": self.values, "units": units,
             "pinned": self.pinned, "varied_along": along, "absent": self.absent,
         })  # fmt: skip
 
-    def _gram(self, unit: Any, name: str, objs: list[Any]) -> list[list[float]]:
+    def _gram(self, unit: Any, name: str, objs: list[Any], key: str) -> list[list[float]]:
+        output, shared = self._outputs(unit, name, objs)
+        if self.world > 1:  # the output and the shared experts' apart: each may be replicated or a partial sum
+            self.vectors[f"{key}.out"] = output.contiguous()
+            self.vectors[f"{key}.shared"] = shared.contiguous()
+        routed = output - shared
+        return (routed @ routed.T).tolist()  # type: ignore[no-any-return]
+
+    def _outputs(self, unit: Any, name: str, objs: list[Any]) -> tuple[Any, Any]:
+        """The unit's outputs and its shared experts' (summed), at each value: one row per value (float64)."""
         import torch
 
-        outputs = []
+        outputs, shares = [], []
         for value in self.values:
             args, kwargs = _clone(self.inputs[name])
             shared: list[Any] = []
@@ -214,9 +233,10 @@ class Scale:
                     h.remove()
             if not result:
                 raise ValueError(f"module {name!r} returns no tensor")
-            routed = result[0].detach().double().clone()
+            output = result[0].detach().double().clone()
+            share = torch.zeros_like(output)
             for s in shared:
-                routed = routed - s.double().reshape(routed.shape)
-            outputs.append(routed.reshape(-1))
-        stacked = torch.stack(outputs)
-        return (stacked @ stacked.T).tolist()
+                share = share + s.double().reshape(output.shape)
+            outputs.append(output.reshape(-1))
+            shares.append(share.reshape(-1))
+        return torch.stack(outputs), torch.stack(shares)
