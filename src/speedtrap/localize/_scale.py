@@ -17,6 +17,7 @@ enters a nonlinearity (routing, activation) is "not a power law", whatever the n
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -83,12 +84,11 @@ def check_scale(
             all_sites = [m for _, m in sites]
             provenance = Provenance(chosen, nominal)
             outputs = [
-                _routed(unit, call, all_sites, configs, param, s, provenance.recording(i))
-                for i, s in enumerate(chosen)
+                _routed(unit, call, all_sites, configs, param, s, provenance.recording(i)) for i, s in enumerate(chosen)
             ]
             ref = _reference(chosen, nominal)
             provenance.measure(
-                lambda context, v=chosen[ref]: _routed(unit, call, all_sites, configs, param, v, context),
+                functools.partial(_routed, unit, call, all_sites, configs, param, chosen[ref]),
                 outputs[ref],
                 chosen[ref],
             )
@@ -107,9 +107,7 @@ def check_scale(
                 fits.append(ConsumerFit(consumers[0][0], exponent, residual))
             measured = "output - " + "/".join(shared_children(unit)) if shared_children(unit) else "output"
             factor_sites = tuple(FactorSite.from_json(x) for x in provenance.to_json())
-            results.append(
-                unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal, factor_sites)
-            )
+            results.append(unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal, factor_sites))
     return ScaleCheckResult(
         model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned),
         provenance_cost(seconds, results),

@@ -129,7 +129,7 @@ class Site:
         k, r = self.exponent, self.shape_residual
         if k is None or r is None or r > SHAPE_TOLERANCE or abs(k - round(k)) > EXPONENT_TOLERANCE:
             return 0
-        return int(round(k))
+        return round(k)
 
     def to_json(self) -> dict[str, Any]:
         file, line, op = self.key

@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import math
 import re
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import write_json
+from .provenance import Provenance
 from .rows import float_tensors
 
 if TYPE_CHECKING:
@@ -177,6 +179,7 @@ class Scale:
             h.remove()
         every = [s.obj for s in self.sites]
         units = []
+        seconds = 0.0
         with torch.inference_mode():
             for name in self.units:
                 if name not in self.inputs:
@@ -184,7 +187,19 @@ class Scale:
                 unit = self.modules[name]
                 consumers = [s for s in self.sites if s.unit == name]
                 entry: dict[str, Any] = {"module": name, "shared": shared_children(unit)}
-                entry["gram"] = self._gram(unit, name, every)
+                provenance = Provenance(self.values, self.nominal)
+                outputs = [
+                    self._routed(unit, name, every, v, provenance.recording(i)) for i, v in enumerate(self.values)
+                ]
+                ref = min(range(len(self.values)), key=lambda i: abs(self.values[i] - self.nominal))
+                provenance.measure(
+                    partial(self._routed, unit, name, every, self.values[ref]),
+                    outputs[ref],
+                    self.values[ref],
+                )
+                seconds += provenance.seconds
+                entry["gram"] = _gram_of(outputs)
+                entry["sites"] = provenance.to_json()
                 entry["consumers"] = (
                     [{"module": s.name, "gram": self._gram(unit, name, [s.obj])} for s in consumers]
                     if len(consumers) > 1
@@ -195,28 +210,34 @@ class Scale:
         write_json(out / "scale.json", {
             "param": self.param, "nominal": self.nominal, "values": self.values, "units": units,
             "pinned": self.pinned, "varied_along": along, "absent": self.absent,
+            "provenance_seconds": round(seconds, 4),
         })  # fmt: skip
 
     def _gram(self, unit: Any, name: str, objs: list[Any]) -> list[list[float]]:
-        import torch
+        return _gram_of([self._routed(unit, name, objs, v) for v in self.values])
 
-        outputs = []
-        for value in self.values:
-            args, kwargs = _clone(self.inputs[name])
-            shared: list[Any] = []
-            keep = _keeper(shared)
-            hooks = [getattr(unit, n).register_forward_hook(keep) for n in shared_children(unit)]
-            try:
-                with assigned(objs, self.param, value):
-                    result = float_tensors(unit(*args, **kwargs))
-            finally:
-                for h in hooks:
-                    h.remove()
-            if not result:
-                raise ValueError(f"module {name!r} returns no tensor")
-            routed = result[0].detach().double().clone()
-            for s in shared:
-                routed = routed - s.double().reshape(routed.shape)
-            outputs.append(routed.reshape(-1))
-        stacked = torch.stack(outputs)
-        return (stacked @ stacked.T).tolist()
+    def _routed(self, unit: Any, name: str, objs: list[Any], value: float, context: Any = None) -> Any:
+        """The unit's output minus its shared experts' at ``value`` (under ``context``: provenance), flat."""
+        args, kwargs = _clone(self.inputs[name])
+        shared: list[Any] = []
+        keep = _keeper(shared)
+        hooks = [getattr(unit, n).register_forward_hook(keep) for n in shared_children(unit)]
+        try:
+            with assigned(objs, self.param, value), context or contextlib.nullcontext():
+                result = float_tensors(unit(*args, **kwargs))
+        finally:
+            for h in hooks:
+                h.remove()
+        if not result:
+            raise ValueError(f"module {name!r} returns no tensor")
+        routed = result[0].detach().double().clone()
+        for s in shared:
+            routed = routed - s.double().reshape(routed.shape)
+        return routed.reshape(-1)
+
+
+def _gram_of(outputs: list[Any]) -> list[list[float]]:
+    import torch
+
+    stacked = torch.stack(outputs)
+    return (stacked @ stacked.T).tolist()  # type: ignore[no-any-return]
