@@ -115,7 +115,8 @@ def check_scale(
 
 
 def provenance_cost(seconds: float, units: Sequence[ScaleUnit]) -> dict[str, float]:
-    """What recording the sites added: seconds (recording and each site's replay) and bytes of the result."""
+    """What recording the sites cost: seconds under the recorders (the replays recorded, which run anyway, and
+    one more replay per candidate site) and the bytes of the sites' JSON."""
     size = sum(len(json.dumps([x.to_json() for x in u.sites or ()])) for u in units)
     return {"seconds": round(seconds, 4), "bytes": size}
 
