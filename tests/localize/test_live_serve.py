@@ -137,6 +137,12 @@ def test_live_scale_check_gives_two_in_the_patched_layers_and_agrees_with_in_pro
             assert [c.module for c in a.consumers] == [c.module for c in b.consumers]
             for ca, cb in zip(a.consumers, b.consumers, strict=True):
                 assert ca.exponent == pytest.approx(cb.exponent, abs=EXPONENT_TOLERANCE)
+            # Where: the same sites recorded inside the server's worker as in this process (same code, same lines).
+            assert [(s.file, s.line, s.kind, s.applies) for s in a.applying] == [
+                (s.file, s.line, s.kind, s.applies) for s in b.applying
+            ]
+            assert sum(s.applies for s in a.applying) == a.times
+        assert live_result.provenance is not None and live_result.provenance["bytes"] > 0
 
 
 def test_a_missing_or_corrupt_capture_is_an_error_naming_role_and_file(live: Live, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import json
 import re
@@ -43,6 +44,26 @@ def test_the_evidence_chain_has_one_sentence_per_stage(data: ReportData) -> None
     assert "first divergent module is `layers.0." in text
     assert "layers 0-5: exponent ≈ 2.00, applied twice" in text
     assert "applied once" in text
+
+
+def test_the_factor_is_placed_by_its_measured_sites_beside_triage_s(data: ReportData) -> None:
+    # Ground truth by construction: the combine (model.py) applies it in every layer; the culprit's module swap
+    # (ScaledHashTopK in patches.py) applies it again. Triage read the culprit's source diff (HashTopK in
+    # model.py), which the in-process run does not execute: the two sides differ there, and it is flagged.
+    from speedtrap.targets.smolmoe import model, patches
+
+    combine = inspect.getsourcelines(model.MoE.forward)
+    line = combine[1] + next(i for i, t in enumerate(combine[0]) if "routed * self.routed_scaling_factor" in t)
+    swap = inspect.getsourcelines(patches.ScaledHashTopK.forward)
+    second = swap[1] + next(i for i, t in enumerate(swap[0]) if "weights * self.routed_scaling_factor" in t)
+    text = "\n".join(data.verdict.evidence)
+    assert f"applied twice: `patches.py:{second}` (ScaledHashTopK.forward" in text
+    assert f"applied once: `model.py:{line}` (MoE.forward" in text
+    beside = next(s for s in data.verdict.evidence if s.startswith("Sites of `routed_scaling_factor`, static"))
+    assert f"both name `model.py:{line}`" in beside
+    assert "**only triage** read `model.py:" in beside and "HashTopK.forward, added by the patch" in beside
+    assert f"**only the measurement** recorded `patches.py:{second}`" in beside
+    assert beside.endswith("the verdict uses the measured sites.")
 
 
 def test_sections_hold_the_run(data: ReportData) -> None:

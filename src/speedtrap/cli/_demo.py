@@ -88,8 +88,13 @@ def run_cmd(
     ] = None,
     set_: SetOpt = None,
     symbol: Annotated[
-        str, typer.Option("--symbol", help="The factor triage traces and the scale check measures.")
-    ] = "routed_scaling_factor",
+        str | None,
+        typer.Option(
+            "--symbol",
+            help="The factor triage traces and the scale check measures (default: the factor triage reads in the "
+            "culprit's diff, else routed_scaling_factor; '' for none).",
+        ),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The probes' quick presets (CI-sized grids).")] = False,
     out: OutOpt = None,
     json: JsonOpt = False,
@@ -114,7 +119,7 @@ def run_cmd(
         from speedtrap.manifest import load_manifest
 
         load_manifest(manifest)  # a malformed manifest, or one with a TODO left, before any run directory
-        source = Source(manifest=str(manifest.resolve()), symbol=symbol or None, quick=quick)
+        source = Source(manifest=str(manifest.resolve()), quick=quick, **_symbol(symbol))
         settings = PipelineSettings(quick=quick)  # localize runs inside the manifest's stack (live)
         run_dir = out or Path("speedtrap-runs") / f"run-{manifest.stem}"
     else:
@@ -123,13 +128,20 @@ def run_cmd(
         names = tuple(parse_patch_list(patches))
         user_patches(names)  # so does a bad entry point
         overrides = parse_overrides(set_ or [])
-        source = Source(target=name, symbol=symbol or None, quick=quick, patches=names)
+        source = Source(target=name, quick=quick, patches=names, **_symbol(symbol))
         settings = PipelineSettings(quick=quick, patches=names or None, overrides=overrides)
         run_dir = out or Path("speedtrap-runs") / f"run-{slug_of(name)}"
     err_console.print(f"run directory: {run_dir}", highlight=False, markup=False)
     with _bar() as bar:
         result = run_pipeline(run_dir, source, settings, command=_command_line(), progress=bar)
     _finish(result, json)
+
+
+def _symbol(symbol: str | None) -> dict[str, Any]:
+    """Source fields of ``--symbol``: not given (the default factor, or the one triage reads), a name, or none."""
+    if symbol is None:
+        return {}
+    return {"symbol": symbol or None, "symbol_given": True}
 
 
 def slug_of(name: str) -> str:

@@ -211,6 +211,17 @@ def _print_scale(result: ScaleCheckResult) -> None:
         f"{param} = {result.nominal:g}: {verdict} (values {list(result.values)}, patches {list(result.patches)})",
         soft_wrap=True,
     )
+    if any(u.sites is not None for u in result.units):
+        from speedtrap.localize import scale_words
+
+        out_console.print(f"where: {scale_words(result.units)}", highlight=False, markup=False, soft_wrap=True)
+    if result.provenance:
+        cost = result.provenance
+        out_console.print(
+            f"(sites: {cost['seconds']:.2f} s under the recorders, one more replay per candidate site; "
+            f"{int(cost['bytes']):,} bytes of JSON)",
+            highlight=False,
+        )
 
 
 def _live(

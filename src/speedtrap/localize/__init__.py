@@ -3,6 +3,7 @@
 from speedtrap.localize import layer_diff, check_scale
 diff = layer_diff(model, ["mhc_bf16_gemm"], ids)          # first divergent module, growth
 scale = check_scale(model, "routed_scaling_factor", ids)  # 0 / 1 / 2 applications per MoE layer
+scale.units[0].applying                                   # where: the sites that apply it (file:line)
 
 Inside a live server (SGLang, vLLM, ``speedtrap serve``): launch it with ``agent_env(folder)`` added
 to its environment, then ``capture_live`` / ``compare_captures`` / ``scale_live`` (see ``_live.py``);
@@ -17,6 +18,7 @@ from speedtrap._lazy import lazy_getattr
 from speedtrap._shapes import LayerGrowth
 from speedtrap.localize._results import (
     ConsumerFit,
+    FactorSite,
     LayerDiffResult,
     ModuleDiff,
     PinnedSite,
@@ -50,6 +52,7 @@ __all__ = [
     "AgentLink",
     "Capture",
     "ConsumerFit",
+    "FactorSite",
     "LayerDiffResult",
     "LayerGrowth",
     "LiveRequest",

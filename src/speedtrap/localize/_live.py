@@ -29,8 +29,16 @@ from speedtrap.localize._agentlink import AgentLink, Api, flush_cache, send_requ
 from speedtrap.localize._capture import AgentSource, Capture, keep_prompt_rows, parse_layout, sampled, save_capture
 from speedtrap.localize._livediff import noise_of
 from speedtrap.localize._ranks import combine_scale, merge_ranks
-from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit
-from speedtrap.localize._scale import DEFAULT_MULTIPLIERS, DEFAULT_PARAM, _fit, _values, norms_of, unit_from_gram
+from speedtrap.localize._results import ConsumerFit, FactorSite, PinnedSite, ScaleCheckResult, ScaleUnit
+from speedtrap.localize._scale import (
+    DEFAULT_MULTIPLIERS,
+    DEFAULT_PARAM,
+    _fit,
+    _values,
+    norms_of,
+    provenance_cost,
+    unit_from_gram,
+)
 
 DEFAULT_CHANNELS = 256
 Mechanism = Literal["agent", "sglang-dumper"]
@@ -303,9 +311,16 @@ def _scale_result(data: dict[str, object], label: tuple[str, ...], tokens: int, 
         shared = [str(s) for s in entry["shared"]]
         measured = "output - " + "/".join(shared) if shared else "output"
         measured += str(entry.get("over_ranks", ""))  # several ranks: how their contributions were combined
-        units.append(unit_from_gram(str(entry["module"]), measured, tuple(fits), values, gram, nominal))
+        raw_sites = entry.get("sites")
+        sites = None if raw_sites is None else tuple(FactorSite.from_json(x) for x in raw_sites)
+        units.append(unit_from_gram(str(entry["module"]), measured, tuple(fits), values, gram, nominal, sites))
     pinned = tuple(PinnedSite(str(p["module"]), float(p["value"])) for p in data.get("pinned", []))  # type: ignore[attr-defined]
-    return ScaleCheckResult(target, str(data["param"]), nominal, tuple(values), label, tokens, tuple(units), pinned)
+    cost = None
+    if data.get("provenance_seconds") is not None:
+        cost = provenance_cost(float(data["provenance_seconds"]), units)  # type: ignore[arg-type]
+    return ScaleCheckResult(
+        target, str(data["param"]), nominal, tuple(values), label, tokens, tuple(units), pinned, cost
+    )
 
 
 def _gram(raw: object, n: int) -> list[list[float]]:

@@ -91,12 +91,13 @@ class StackLocalization:
         return self.roles[self.role]
 
     def measured_on(self) -> str:
+        """Where and by what the shown role was measured; a stage that did not run is not named."""
         shown = self.shown
-        how = (
-            "SGLang's own dumper (layers) and speedtrap's agent (scale)"
-            if shown.mechanism == "sglang-dumper"
-            else ("speedtrap's in-worker agent")
-        )
+        if shown.mechanism == "sglang-dumper":
+            how = "SGLang's own dumper (layers)"
+            how += " and speedtrap's agent (scale)" if shown.scale is not None else ""
+        else:
+            how = "speedtrap's in-worker agent (layers" + (" and scale)" if shown.scale is not None else ")")
         ranks = f"; {shown.ranks}" if shown.ranks else ""
         return f"live, on {self.stack}, role {self.role}, captured by {how}{ranks}"
 
@@ -291,6 +292,9 @@ def _scale(
     """The scale check in a role that runs the prompt's prefill (a decode-only role never sees one)."""
     prefill_rows = any(int(m.rows["pos"].min()) == 0 for m in capture.modules if m.count)
     if not prefill_rows:
+        capture.extra.setdefault("notes", []).append(
+            f"scale check of {request.param!r}: not run in this role (it runs no prefill of the prompt)"
+        )
         return None
     assert request.param is not None
     try:

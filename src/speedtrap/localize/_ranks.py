@@ -165,7 +165,10 @@ def combine_scale(per_rank: Sequence[tuple[int, dict[str, Any], dict[str, Tensor
             consumers.append({**consumer, "gram": sub})
         over = f", {how} over ranks {ranks}"
         units.append({**entry, "gram": gram, "consumers": consumers, "over_ranks": over})
-    return {**head, "units": units}
+    seconds = [d["provenance_seconds"] for _, d, _ in per_rank if d.get("provenance_seconds") is not None]
+    # the factor's sites are source lines, the same on every rank: the first rank's are kept; its cost is the
+    # slowest rank's (the ranks replay at once)
+    return {**head, "units": units, **({"provenance_seconds": max(seconds)} if seconds else {})}
 
 
 def _combined(per_rank: list[dict[str, Tensor]], key: str) -> tuple[list[list[float]], str]:

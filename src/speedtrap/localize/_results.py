@@ -159,6 +159,57 @@ class ConsumerFit:
 
 
 @dataclass(frozen=True)
+class FactorSite:
+    """A place that used the factor's value while the unit ran (``speedtrap_agent.provenance``).
+
+    ``kind``: ``tensor operand`` (an operation with the factor as an operand), ``kernel argument`` (a
+    custom op or a kernel launcher that receives it), ``call argument`` (a call of the model's code
+    that receives it). ``exponent``: what the site adds to the unit's exponent, measured by doubling
+    its operand alone; ``applies``: that exponent as a count (0: it reads the factor without applying it).
+    """
+
+    file: str
+    line: int
+    function: str
+    kind: str
+    op: str
+    calls: int
+    exponent: float | None
+    shape_residual: float | None
+    applies: int
+    passes_on: bool = False
+
+    @property
+    def where(self) -> str:
+        """``topk.py:1451``: the file's name and the line."""
+        return f"{self.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{self.line}"
+
+    def words(self) -> str:
+        """```patches.py:93` (ScaledHashTopK.forward, tensor operand of Tensor.__mul__)``."""
+        return f"`{self.where}` ({self.function}, {self.kind} of {self.op})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "kind": self.kind, "op": self.op,
+                "calls": self.calls, "exponent": self.exponent, "shape_residual": self.shape_residual,
+                "applies": self.applies, "passes_on": self.passes_on}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FactorSite:
+        return cls(
+            file=str(data["file"]),
+            line=int(data["line"]),
+            function=str(data.get("function", "")),
+            kind=str(data.get("kind", "")),
+            op=str(data.get("op", "")),
+            calls=int(data.get("calls", 0)),
+            exponent=None if data.get("exponent") is None else float(data["exponent"]),
+            shape_residual=None if data.get("shape_residual") is None else float(data["shape_residual"]),
+            applies=int(data.get("applies", 0)),
+            passes_on=bool(data.get("passes_on", False)),
+        )
+
+
+@dataclass(frozen=True)
 class ScaleUnit:
     """One module whose output depends on the scalar (an MoE block: its routed contribution).
 
@@ -176,6 +227,26 @@ class ScaleUnit:
     shape_residual: float | None
     times: int | None
     verdict: str
+    sites: tuple[FactorSite, ...] | None = None  # None: provenance not recorded (an older run)
+
+    @property
+    def applying(self) -> tuple[FactorSite, ...]:
+        """The sites that apply the factor (each ``applies`` times), in the order they ran."""
+        return tuple(s for s in self.sites or () if s.applies != 0)
+
+    def sites_words(self) -> str:
+        """``applied twice: `patches.py:93` (...) and `model.py:322` (...)``, or why the sites fall short."""
+        if self.sites is None:
+            return ""
+        applying = self.applying
+        total = sum(s.applies for s in applying)
+        listed = _and([s.words() + (f" x{s.applies}" if s.applies not in (0, 1) else "") for s in applying])
+        if not applying:
+            return "no site that applies it was recorded"
+        text = f"{_times_words(total)}: {listed}"
+        if self.times is not None and total != self.times:
+            text += f" (the sites add up to {total}, the unit's exponent is {self.times}: a site chains or is unseen)"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,6 +260,7 @@ class ScaleUnit:
             "shape_residual": self.shape_residual,
             "times": self.times,
             "verdict": self.verdict,
+            "sites": None if self.sites is None else [x.to_json() for x in self.sites],
         }
 
     @classmethod
@@ -204,6 +276,7 @@ class ScaleUnit:
             shape_residual=data.get("shape_residual"),
             times=None if data.get("times") is None else int(data["times"]),
             verdict=str(data["verdict"]),
+            sites=None if data.get("sites") is None else tuple(FactorSite.from_json(x) for x in data["sites"]),
         )
 
 
@@ -232,6 +305,7 @@ class ScaleCheckResult:
     tokens: int
     units: tuple[ScaleUnit, ...]
     pinned: tuple[PinnedSite, ...] = ()
+    provenance: dict[str, float] | None = None  # what recording the sites cost: seconds, bytes
 
     def times_by_module(self) -> dict[str, int | None]:
         return {u.module: u.times for u in self.units}
@@ -255,6 +329,7 @@ class ScaleCheckResult:
             "exactly_once": self.exactly_once,
             "units": [u.to_json() for u in self.units],
             "pinned": [p.to_json() for p in self.pinned],
+            "provenance": self.provenance,
         }
 
     @classmethod
@@ -268,7 +343,16 @@ class ScaleCheckResult:
             tokens=int(data["tokens"]),
             units=tuple(ScaleUnit.from_json(u) for u in data["units"]),
             pinned=tuple(PinnedSite.from_json(p) for p in data.get("pinned", [])),
+            provenance=data.get("provenance"),
         )
+
+
+def _times_words(times: int) -> str:
+    return {1: "applied once", 2: "applied twice"}.get(times, f"applied {times} times")
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1] if items else ""
 
 
 def _layers_list(layers: Sequence[int]) -> str:
@@ -279,15 +363,23 @@ def _layers_list(layers: Sequence[int]) -> str:
 
 
 def scale_words(units: Sequence[ScaleUnit]) -> str:
-    """``layers 0-5: exponent ≈ 2.00, applied twice; layers 6-29: exponent ≈ 1.00, applied once``."""
-    groups: dict[int | None, list[int]] = {}
+    """``layers 0-5: exponent ≈ 2.00, applied twice: `patches.py:93` (...) and `model.py:322` (...); layers
+    6-29: exponent ≈ 1.00, applied once: `model.py:322` (...)`` (the sites where provenance was recorded)."""
+    groups: dict[tuple[int | None, tuple[str, ...]], list[ScaleUnit]] = {}
     for r in units:
         if r.layer is not None:
-            groups.setdefault(r.times, []).append(r.layer)
+            groups.setdefault((r.times, tuple(x.where for x in r.applying)), []).append(r)
     words = {0: "never applied", 1: "applied once", 2: "applied twice", None: "not a clean power law"}
     parts = []
-    for times in sorted(groups, key=lambda t: (t is None, -(t or 0) if t != 1 else 99)):
-        exps = [r.exponent for r in units if r.times == times and r.exponent is not None]
+    for times, where in sorted(groups, key=lambda g: (g[0] is None, -(g[0] or 0) if g[0] != 1 else 99, g[1])):
+        members = groups[(times, where)]
+        exps = [r.exponent for r in members if r.exponent is not None]
         mean = f"exponent ≈ {sum(exps) / len(exps):.2f}, " if exps else ""
-        parts.append(f"{_layers_list(groups[times])}: {mean}{words.get(times, f'applied {times} times')}")
+        said = words.get(times, f"applied {times} times")
+        sites = members[0].sites_words()
+        if sites.startswith(said + ":"):
+            said = sites
+        elif sites:
+            said += f" (sites: {sites})"
+        parts.append(f"{_layers_list([r.layer for r in members if r.layer is not None])}: {mean}{said}")
     return "; ".join(parts)

@@ -16,6 +16,9 @@ enters a nonlinearity (routing, activation) is "not a power law", whatever the n
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, cast
@@ -25,8 +28,16 @@ from torch import Tensor, nn
 
 from speedtrap._errors import UsageError
 from speedtrap.localize._pairing import float_tensors
-from speedtrap.localize._results import ConsumerFit, PinnedSite, ScaleCheckResult, ScaleUnit, layer_of
+from speedtrap.localize._results import (
+    ConsumerFit,
+    FactorSite,
+    PinnedSite,
+    ScaleCheckResult,
+    ScaleUnit,
+    layer_of,
+)
 from speedtrap.localize.agent.speedtrap_agent import assigned, shared_children, unit_of
+from speedtrap.localize.agent.speedtrap_agent.provenance import Provenance
 from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"
@@ -64,13 +75,24 @@ def check_scale(
         varied = {id(m) for _, m in sites}
         inputs = _capture(root, [module for module, _ in units.values()], ids)
         configs = _configs(root, param, nominal)
-        results = []
+        results: list[ScaleUnit] = []
+        seconds = 0.0
         for name, (unit, consumers) in units.items():
             call = inputs.get(id(unit))
             if call is None:
                 continue  # never ran on this input (e.g. an unused layer)
             all_sites = [m for _, m in sites]
-            outputs = [_routed(unit, call, all_sites, configs, param, s) for s in chosen]
+            provenance = Provenance(chosen, nominal)
+            outputs = [
+                _routed(unit, call, all_sites, configs, param, s, provenance.recording(i)) for i, s in enumerate(chosen)
+            ]
+            ref = _reference(chosen, nominal)
+            provenance.measure(
+                functools.partial(_routed, unit, call, all_sites, configs, param, chosen[ref]),
+                outputs[ref],
+                chosen[ref],
+            )
+            seconds += provenance.seconds
             consumers = [(n, m) for n, m in consumers if id(m) in varied]  # pinned ones do not vary
             fits = []
             if not consumers:
@@ -84,10 +106,19 @@ def check_scale(
                 exponent, residual = _fit(chosen, norms_of(gram_of(outputs)))
                 fits.append(ConsumerFit(consumers[0][0], exponent, residual))
             measured = "output - " + "/".join(shared_children(unit)) if shared_children(unit) else "output"
-            results.append(unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal))
+            factor_sites = tuple(FactorSite.from_json(x) for x in provenance.to_json())
+            results.append(unit_from_gram(name, measured, tuple(fits), chosen, gram_of(outputs), nominal, factor_sites))
     return ScaleCheckResult(
-        model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned)
-    )
+        model.name, param, nominal, tuple(chosen), tuple(patches), len(ids), tuple(results), tuple(pinned),
+        provenance_cost(seconds, results),
+    )  # fmt: skip
+
+
+def provenance_cost(seconds: float, units: Sequence[ScaleUnit]) -> dict[str, float]:
+    """What recording the sites cost: seconds under the recorders (the replays recorded, which run anyway, and
+    one more replay per candidate site) and the bytes of the sites' JSON."""
+    size = sum(len(json.dumps([x.to_json() for x in u.sites or ()])) for u in units)
+    return {"seconds": round(seconds, 4), "bytes": size}
 
 
 def _nominal(model: InProcessModel, root: nn.Module, param: str) -> float:
@@ -184,7 +215,13 @@ def _capture(root: nn.Module, units: list[nn.Module], ids: list[int]) -> dict[in
 
 @torch.inference_mode()
 def _routed(
-    unit: nn.Module, call: Call, sites: list[nn.Module], configs: list[Any], param: str, value: float
+    unit: nn.Module,
+    call: Call,
+    sites: list[nn.Module],
+    configs: list[Any],
+    param: str,
+    value: float,
+    context: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Tensor:
     """The unit's output minus its shared experts' output, with the scalar set to ``value``."""
     shared: list[Tensor] = []
@@ -193,7 +230,7 @@ def _routed(
         for n in shared_children(unit)
     ]
     try:
-        with assigned([*sites, *configs], param, value):
+        with assigned([*sites, *configs], param, value), context or contextlib.nullcontext():
             out = float_tensors(unit(*call[0], **call[1]))
     finally:
         for h in handles:
@@ -235,6 +272,7 @@ def unit_from_gram(
     values: Sequence[float],
     gram: Sequence[Sequence[float]],
     nominal: float,
+    sites: tuple[FactorSite, ...] | None = None,
 ) -> ScaleUnit:
     """The verdict of one unit from the Gram matrix of its routed outputs at ``values`` (in-process and live).
 
@@ -245,8 +283,8 @@ def unit_from_gram(
     exponent, residual = _fit(values, norms)
     if exponent is None or residual is None:
         verdict = "no routed output to measure" if all(n == 0 for n in norms) else "not a power law (zero output)"
-        return ScaleUnit(name, layer_of(name), measured, fits, norms, None, None, None, None, verdict)
-    ref = min(range(len(values)), key=lambda i: abs(values[i] - nominal))
+        return ScaleUnit(name, layer_of(name), measured, fits, norms, None, None, None, None, verdict, sites)
+    ref = _reference(values, nominal)
     shape = 0.0
     for i, v in enumerate(values):
         c = (v / values[ref]) ** exponent
@@ -260,7 +298,12 @@ def unit_from_gram(
     else:
         times = round(exponent)
         verdict = _words(times)
-    return ScaleUnit(name, layer_of(name), measured, fits, norms, exponent, residual, shape, times, verdict)
+    return ScaleUnit(name, layer_of(name), measured, fits, norms, exponent, residual, shape, times, verdict, sites)
+
+
+def _reference(values: Sequence[float], nominal: float) -> int:
+    """The index of the value nearest the nominal one (the output the others are compared with)."""
+    return min(range(len(values)), key=lambda i: abs(values[i] - nominal))
 
 
 def _words(times: int) -> str:

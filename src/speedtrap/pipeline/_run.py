@@ -165,9 +165,9 @@ def run_pipeline(
     elif not source.in_process and (why := _stages.why_no_live_localize(ctx)):
         _skip(ctx, "localize", why)
     elif not source.in_process:  # inside the manifest's own stack, one launch at a time
-        _stage(ctx, "localize", seconds, errors, lambda: _stages.live_localize_stage(ctx, culprits))
+        _stage(ctx, "localize", seconds, errors, lambda: _stages.live_localize_stage(ctx, culprits, triage))
     else:
-        _stage(ctx, "localize", seconds, errors, lambda: _stages.localize_stage(ctx, culprits))
+        _stage(ctx, "localize", seconds, errors, lambda: _stages.localize_stage(ctx, culprits, triage))
 
     t0 = time.perf_counter()
     progress.start("report", 1)

@@ -305,13 +305,39 @@ def isolate_stage(ctx: Context, prior: Sequence[str]) -> IsolateResult:
 # -- localization -------------------------------------------------------------------------------
 
 
-def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
+def factors_read(triage_json: dict[str, Any] | None, patches: Sequence[str]) -> list[str]:
+    """The factors triage read in the diffs of ``patches``: a double application's, then a scale change's."""
+    found: list[str] = []
+    for report in (triage_json or {}).get("patches") or []:
+        if report.get("name") not in patches:
+            continue
+        names = [str(d.get("symbol") or "") for d in report.get("double_applications") or []]
+        names += [str((s.get("data") or {}).get("factor") or "") for s in report.get("signals") or []
+                  if s.get("kind") == "scale"]  # fmt: skip
+        for name in names:
+            if name.isidentifier() and name not in found:
+                found.append(name)
+    return found
+
+
+def scale_factor(ctx: Context, triage_json: dict[str, Any] | None, patches: Sequence[str]) -> str | None:
+    """The factor the scale check measures for ``patches``: ``--symbol`` when given, else the one triage read in
+    their diffs, else the default (``routed_scaling_factor``)."""
+    if ctx.source.symbol_given:
+        return ctx.source.symbol
+    read = factors_read(triage_json, patches)
+    return read[0] if read else ctx.source.symbol
+
+
+def localize_stage(
+    ctx: Context, culprits: Sequence[tuple[str, ...]], triage_json: dict[str, Any] | None = None
+) -> None:
     """Layer diff and scale check of each culprit set (in-process targets only)."""
     from speedtrap.localize import check_scale, default_ids, layer_diff
 
-    symbol = ctx.source.symbol
     tokens = ctx.settings.tokens
-    ctx.progress.start("localize", len(culprits) * (2 if symbol else 1))
+    factors = {patches: scale_factor(ctx, triage_json, patches) for patches in culprits}
+    ctx.progress.start("localize", sum(2 if factors[p] else 1 for p in culprits))
     for patches in culprits:
 
         def make_layers(key: str, patches: tuple[str, ...] = patches) -> Part:
@@ -322,6 +348,7 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
 
         ctx.part(layers_path(ctx.run_dir, patches), ("layers", sorted(patches), tokens), make_layers)
         ctx.progress.advance("localize", 1, f"layer diff {' + '.join(patches)}")
+        symbol = factors[patches]
         if not symbol:
             continue
 
@@ -329,12 +356,12 @@ def localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
             model = ctx.in_process_model()
             values = ctx.settings.scale_values
             result = check_scale(model, default_ids(model, tokens), symbol, patches=list(patches), values=values)
-            command = commands.scale(ctx.source, patches, tokens, values)
+            command = commands.scale(ctx.source, patches, tokens, values, symbol)
             return Part("scale", result.to_json(), patches=patches, command=command)
 
         values = None if ctx.settings.scale_values is None else list(ctx.settings.scale_values)
         ctx.part(scale_path(ctx.run_dir, patches), ("scale", sorted(patches), tokens, symbol, values), make_scale)
-        ctx.progress.advance("localize", 1, f"scale check {' + '.join(patches)}")
+        ctx.progress.advance("localize", 1, f"scale check of {symbol} {' + '.join(patches)}")
 
 
 def why_no_live_localize(ctx: Context) -> str | None:
@@ -351,7 +378,9 @@ def why_no_live_localize(ctx: Context) -> str | None:
     return None
 
 
-def live_localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> None:
+def live_localize_stage(
+    ctx: Context, culprits: Sequence[tuple[str, ...]], triage_json: dict[str, Any] | None = None
+) -> None:
     """Each culprit set localized inside the manifest's own stack (``localize.localize_on_stack``): the base
     launched and captured once (kept in ``localize/live/``), then each culprit's configuration, one stack at a
     time; the layer diff and the scale check stored as for in-process targets, with which stack, role and
@@ -365,11 +394,13 @@ def live_localize_stage(ctx: Context, culprits: Sequence[tuple[str, ...]]) -> No
     values = None if ctx.settings.scale_values is None else tuple(ctx.settings.scale_values)
     ids = tuple(folder_ids(manifest.target.model, ctx.settings.tokens))
     request = LiveRequest(ids, api=api, model=model, param=ctx.source.symbol, values=values)
-    ctx.progress.start("localize", len(culprits) * (2 if ctx.source.symbol else 1))
+    factors = {patches: scale_factor(ctx, triage_json, patches) for patches in culprits}
+    ctx.progress.start("localize", sum(2 if factors[p] else 1 for p in culprits))
     launcher = Launcher(manifest.target, manifest.patches, model)
     try:
         for patches in culprits:
-            _LiveCulprit(ctx, launcher, patches, request).store()
+            own = dataclasses.replace(request, param=factors[patches])
+            _LiveCulprit(ctx, launcher, patches, own).store()
     finally:
         launcher.close()
 
@@ -394,12 +425,14 @@ class _LiveCulprit:
         key = (sorted(patches), tokens, self.request.key())
         ctx.part(layers_path(ctx.run_dir, patches), ("layers-live", *key), self.make_layers)
         ctx.progress.advance("localize", 1, f"live layer diff {' + '.join(patches)}")
-        if not ctx.source.symbol:
+        symbol = self.request.param
+        if not symbol:
             return
         path, parts = scale_path(ctx.run_dir, patches), ("scale-live", *key)
         stored = ctx.stored(path, stable_key(ctx.base_key(), *parts))
         if stored is None and self.measured().shown.scale is None:  # nothing holds the factor: said, not stored
-            why = f"no module of the stack holds {ctx.source.symbol!r} at its config value"
+            notes = [n for n in self.measured().notes if "scale check" in n]
+            why = "; ".join(notes) or f"no module of the stack holds {symbol!r} at its config value"
             ctx.progress.advance("localize", 1, f"live scale check {' + '.join(patches)}: {why}")
             return
         ctx.part(path, parts, self.make_scale)
@@ -416,5 +449,5 @@ class _LiveCulprit:
         scale = result.shown.scale
         assert scale is not None  # store() checked
         values = self.request.values
-        command = commands.scale(self.ctx.source, self.patches, self.ctx.settings.tokens, values)
+        command = commands.scale(self.ctx.source, self.patches, self.ctx.settings.tokens, values, self.request.param)
         return Part("scale", scale.to_json(), patches=self.patches, command=command, extra=result.extra())

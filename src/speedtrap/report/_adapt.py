@@ -22,6 +22,7 @@ from speedtrap.report._model import (
     shown_cell,
     shown_phase,
 )
+from speedtrap.report._sites import static_sites
 from speedtrap.report._stages import (
     CommitRow,
     IsolationSection,
@@ -59,6 +60,7 @@ def triage_section(doc: Mapping[str, Any], plan_markdown: str = "", command: str
                 phases=tuple(str(x) for x in phases),
                 reasons=tuple(str(r) for r in ranking.get("reasons", [])),
                 diff_given=bool(p.get("diff_given", True)),
+                factor_sites=static_sites(p),
             )
         )
     return TriageSection(

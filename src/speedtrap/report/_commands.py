@@ -81,9 +81,13 @@ def layers(source: Source, patches: Sequence[str], tokens: int | None = None) ->
 
 
 def scale(
-    source: Source, patches: Sequence[str], tokens: int | None = None, values: Sequence[float] | None = None
+    source: Source,
+    patches: Sequence[str],
+    tokens: int | None = None,
+    values: Sequence[float] | None = None,
+    param: str | None = None,
 ) -> str:
-    param = shlex.quote(source.symbol or "routed_scaling_factor")
+    param = shlex.quote(param or source.symbol or "routed_scaling_factor")
     size = f" --tokens {tokens}" if tokens else ""
     chosen = f" --values {','.join(f'{v:g}' for v in values)}" if values else ""
     return f"speedtrap check scale {source.flag} --param {param}{_patches(patches)}{size}{chosen} --json"

@@ -18,6 +18,7 @@ from speedtrap.report._data import ReportData
 from speedtrap.report._mdhtml import inline, markdown_to_html
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
+from speedtrap.report._verdict import sites_sentence
 from speedtrap.rundir import slug, write_atomic
 
 HTML_NAME = "report.html"
@@ -229,6 +230,11 @@ def _sections(data: ReportData, figs: Sequence[DrawnFigure]) -> list[str]:
                     f"<p>Scale check of <code>{_esc(sc.param)}</code> (nominal {fmt(sc.nominal)}, probed at "
                     f"{_esc(', '.join(fmt(v) for v in sc.values))}): applied {once}.</p>"
                 )
+                if any(r.sites is not None for r in sc.rows):
+                    parts.append(f"<p>Where: {inline(scale_words(sc.rows))}.</p>")
+                beside = sites_sentence(loc, data.triage)
+                if beside:
+                    parts.append(f"<p>{inline(beside)}</p>")
                 if loc.base_scale is not None:
                     parts.append(f"<p>In the base configuration: {_esc(scale_words(loc.base_scale.rows))}.</p>")
                 parts.append(_figures(figs, "localization", f"scale-{slug('-'.join(loc.patches))}"))

@@ -10,6 +10,7 @@ from speedtrap.report import _tables
 from speedtrap.report._data import ReportData
 from speedtrap.report._plan import DrawnFigure
 from speedtrap.report._tables import Table, fmt, patches_label
+from speedtrap.report._verdict import sites_sentence
 from speedtrap.rundir import slug, write_atomic
 
 MD_NAME = "report.md"
@@ -119,6 +120,11 @@ def markdown_text(data: ReportData, figs: Sequence[DrawnFigure]) -> str:
                 sc = loc.scale
                 once = "exactly once everywhere" if sc.exactly_once else "NOT exactly once everywhere"
                 out.append(f"Scale check of `{sc.param}` (nominal {fmt(sc.nominal)}): applied {once}.\n")
+                if any(r.sites is not None for r in sc.rows):
+                    out.append(f"Where: {scale_words(sc.rows)}.\n")
+                beside = sites_sentence(loc, data.triage)
+                if beside:
+                    out.append(beside + "\n")
                 if loc.base_scale is not None:
                     out.append(f"In the base configuration: {scale_words(loc.base_scale.rows)}.\n")
                 out.append(_figures(figs, "localization", f"scale-{name}"))

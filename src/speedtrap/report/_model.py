@@ -17,6 +17,7 @@ from typing import Any
 from speedtrap._shapes import CulpritSet
 from speedtrap._stats import wilson
 from speedtrap.probe import BucketStats, KLStats, PhaseDivergence, RecallCell
+from speedtrap.report._sites import StaticSite
 
 SCHEMA_VERSION = 1
 KIND = "speedtrap-report"
@@ -98,10 +99,12 @@ class TriageRow:
     phases: tuple[str, ...]
     reasons: tuple[str, ...]
     diff_given: bool = True  # False: nothing was read, the tier is triage's default
+    factor_sites: tuple[StaticSite, ...] = ()  # where the patch's diff applies a factor, as triage read it
 
     def to_json(self) -> dict[str, Any]:
         return {
             **({} if self.diff_given else {"diff_given": False}),
+            **({"factor_sites": [s.to_json() for s in self.factor_sites]} if self.factor_sites else {}),
             "name": self.name,
             "tier": self.tier,
             "score": self.score,
@@ -124,6 +127,7 @@ class TriageRow:
             _strs(d.get("phases")),
             _strs(d.get("reasons")),
             bool(d.get("diff_given", True)),
+            tuple(StaticSite.from_json(s) for s in d.get("factor_sites") or []),
         )
 
 

@@ -21,7 +21,7 @@ from speedtrap.report._model import InteractionNote, _f, _strs
 
 TRIAL_SHOWN = ("index", "config", "repeat", "status", "outcome", "figures", "probe_s", "launch_s", "reused", "error")
 JUDGEMENT_SHOWN = ("config", "verdict", "note")
-SCALE_SHOWN = ("module", "layer", "exponent", "times", "verdict")
+SCALE_SHOWN = ("module", "layer", "exponent", "times", "verdict", "sites")
 
 
 def _shown(doc: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:

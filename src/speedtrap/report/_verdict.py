@@ -8,6 +8,7 @@ from speedtrap._shapes import CulpritSet
 from speedtrap.localize import scale_words
 from speedtrap.report._bylength import length_patterns
 from speedtrap.report._model import DivergenceRun, InteractionNote, RecallRun, ReportVerdict, TriageSection
+from speedtrap.report._sites import compare, comparison_words
 from speedtrap.report._stages import IsolationSection, Localization
 from speedtrap.report._tables import fmt, patches_label
 
@@ -131,6 +132,15 @@ def _scale_sentence(loc: Localization) -> str | None:
     return text + "."
 
 
+def sites_sentence(loc: Localization, triage: TriageSection | None) -> str | None:
+    """Triage's factor sites in the culprit's diffs beside the measured ones (None: a side has none)."""
+    sc = loc.scale
+    if sc is None or triage is None:
+        return None
+    static = [s for r in triage.rows if r.name in loc.patches for s in r.factor_sites]
+    return comparison_words(compare(static, sc.rows, sc.param), sc.param)
+
+
 def build_verdict(
     triage: TriageSection | None,
     recall: Sequence[RecallRun],
@@ -153,5 +163,5 @@ def build_verdict(
     if isolation is not None:
         evidence.append(_isolation_sentence(isolation))
     for loc in localization:
-        evidence += [s for s in (_layers_sentence(loc), _scale_sentence(loc)) if s]
+        evidence += [s for s in (_layers_sentence(loc), _scale_sentence(loc), sites_sentence(loc, triage)) if s]
     return ReportVerdict(status, headline, tuple(culprits), interactions, tuple(evidence))

@@ -17,6 +17,7 @@ class Source:
     quick: bool = True
     sets: tuple[tuple[str, str], ...] = ()  # in-process config overrides (``--set key=value``)
     patches: tuple[str, ...] = ()  # in-process: the patches searched (empty: the target's own catalogue)
+    symbol_given: bool = False  # --symbol was passed: the scale check measures it, not the factor triage read
 
     @property
     def flag(self) -> str:
@@ -41,6 +42,7 @@ class Source:
             "quick": self.quick,
             "sets": [list(kv) for kv in self.sets],
             **({"patches": list(self.patches)} if self.patches else {}),
+            **({"symbol_given": True} if self.symbol_given else {}),
         }
 
     @classmethod
@@ -54,4 +56,5 @@ class Source:
             d.get("quick", True),
             sets,
             patches,
+            bool(d.get("symbol_given", False)),
         )

@@ -300,6 +300,8 @@ READERS: dict[str, str] = {
     "flow.units": "who calls or instantiates whom",
     "flow.hot_path": "how often a changed Python function runs",
     "platform.conditions": "platform tests read in three values",
+    "platform.phases": "a condition of the running batch (decode, prefill, a speculative step) read as a phase, "
+    "never as a switch",
 }
 
 

@@ -15,6 +15,7 @@ import re
 from speedtrap.triage.evidence import (
     Evidence,
 )
+from speedtrap.triage.platform.phases import phase_of
 from speedtrap.triage.source import ChangedFile, Module, condition_names, last_name
 
 _ENV_CALLS = {"getenv", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "get_str_env_var", "env_flag"}
@@ -47,6 +48,8 @@ def gating(cf: ChangedFile, new: Module) -> tuple[str, str, list[Evidence]] | No
             # A switch selects the changed code only when the code runs with it on: conditions it runs
             # without (else branches, early exits such as validation raises) do not gate it.
             if not g.holds or g.how == "early exit":
+                continue
+            if phase_of(g.test) is not None:  # a condition of the running batch (decode, prefill): not a switch
                 continue
             nodes.extend(ast.walk(g.test))
             names = [n for n in condition_names(g.test) if _FLAGLIKE.search(n)]

@@ -25,7 +25,15 @@ def _md(text: str) -> str:
 
 
 def _switch(p: PatchReport) -> tuple[str, str]:
-    """(how to turn it off, what kind of A/B that is)."""
+    """(how to turn it off, what kind of A/B that is); a change under a runtime phase says what a user can switch."""
+    off, kind = _gate_switch(p)
+    phase = p.signals.runtime_phase
+    if phase is not None:
+        off += f"; {phase.words()}"
+    return off, kind
+
+
+def _gate_switch(p: PatchReport) -> tuple[str, str]:
     g = p.gate
     if g.kind == ENV:
         return f"relaunch without `{' '.join(f'{k}={v}' for k, v in g.env)}`", "switch (env var)"

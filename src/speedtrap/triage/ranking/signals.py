@@ -32,6 +32,7 @@ from speedtrap.triage.flow import (
     literal_changes,
     statement_identity_changes,
 )
+from speedtrap.triage.platform.phases import RuntimePhase, runtime_phase
 from speedtrap.triage.python import (
     GRAPH,
     MEMORY,
@@ -87,6 +88,7 @@ class PatchSignals:
     identity: list[IdentityChange] = field(default_factory=list)
     inert: list[tuple[str, str]] = field(default_factory=list)  # (file, why it cannot change a value)
     changed: list[Evidence] = field(default_factory=list)  # first changed lines of files not proven inert
+    runtime_phase: RuntimePhase | None = None  # a condition of the batch the change runs under (not a switch)
 
     def of(self, kind: str) -> list[Signal]:
         return [s for s in self.signals if s.kind == kind]
@@ -167,7 +169,10 @@ def analyze(
                 phase_words.append((last_name(node) or "", f"{cf.path}:{node.lineno}"))
         if new is not None:
             for stmt in new.statements_touching(cf.added):
-                phase_words.extend((g.text, f"{cf.path}:{g.line}") for g in new.guards(stmt))
+                for g in new.guards(stmt):
+                    phase_words.append((g.text, f"{cf.path}:{g.line}"))
+                    if result.runtime_phase is None and g.holds and g.how != "early exit":
+                        result.runtime_phase = runtime_phase(g.test, g.line)
     _summarize_hot(result)
     _summarize_phases(result, phase_words)
     if gate is not None:

@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import math
 import re
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import write_json, write_tensors
+from .provenance import Provenance
 from .ranks import rank_world
 from .rows import float_tensors
 
@@ -182,6 +184,7 @@ class Scale:
             h.remove()
         every = [s.obj for s in self.sites]
         units: list[dict[str, Any]] = []
+        seconds = 0.0
         with torch.inference_mode():
             for name in self.units:
                 if name not in self.inputs:
@@ -189,7 +192,18 @@ class Scale:
                 unit = self.modules[name]
                 consumers = [s for s in self.sites if s.unit == name]
                 entry: dict[str, Any] = {"module": name, "shared": shared_children(unit)}
-                entry["gram"] = self._gram(unit, name, every, f"u{len(units)}")
+                key = f"u{len(units)}"
+                provenance = Provenance(self.values, self.nominal)
+                pairs = [self._pair(unit, name, every, v, provenance.recording(i)) for i, v in enumerate(self.values)]
+                ref = min(range(len(self.values)), key=lambda i: abs(self.values[i] - self.nominal))
+                provenance.measure(
+                    partial(self._routed, unit, name, every, self.values[ref]),
+                    pairs[ref][0] - pairs[ref][1],
+                    self.values[ref],
+                )
+                seconds += provenance.seconds
+                entry["gram"] = self._gram(unit, name, every, key, pairs)
+                entry["sites"] = provenance.to_json()
                 entry["consumers"] = (
                     [
                         {"module": s.name, "gram": self._gram(unit, name, [s.obj], f"u{len(units)}.c{i}")}
@@ -205,38 +219,47 @@ class Scale:
         write_json(out / "scale.json", {
             "param": self.param, "nominal": self.nominal, "values": self.values, "units": units,
             "pinned": self.pinned, "varied_along": along, "absent": self.absent,
+            "provenance_seconds": round(seconds, 4),
         })  # fmt: skip
 
-    def _gram(self, unit: Any, name: str, objs: list[Any], key: str) -> list[list[float]]:
-        output, shared = self._outputs(unit, name, objs)
+    def _gram(
+        self, unit: Any, name: str, objs: list[Any], key: str, pairs: list[tuple[Any, Any]] | None = None
+    ) -> list[list[float]]:
+        """The routed outputs' Gram matrix over the values (``pairs``: already replayed)."""
+        import torch
+
+        pairs = pairs if pairs is not None else [self._pair(unit, name, objs, v) for v in self.values]
+        output = torch.stack([p[0] for p in pairs])
+        shared = torch.stack([p[1] for p in pairs])
         if self.world > 1:  # the output and the shared experts' apart: each may be replicated or a partial sum
             self.vectors[f"{key}.out"] = output.contiguous()
             self.vectors[f"{key}.shared"] = shared.contiguous()
         routed = output - shared
         return (routed @ routed.T).tolist()  # type: ignore[no-any-return]
 
-    def _outputs(self, unit: Any, name: str, objs: list[Any]) -> tuple[Any, Any]:
-        """The unit's outputs and its shared experts' (summed), at each value: one row per value (float64)."""
+    def _routed(self, unit: Any, name: str, objs: list[Any], value: float, context: Any = None) -> Any:
+        """The unit's output minus its shared experts' at ``value`` (under ``context``: provenance), flat."""
+        output, share = self._pair(unit, name, objs, value, context)
+        return output - share
+
+    def _pair(self, unit: Any, name: str, objs: list[Any], value: float, context: Any = None) -> tuple[Any, Any]:
+        """The unit's output and its shared experts' (summed) at ``value``, under ``context``: flat, float64."""
         import torch
 
-        outputs, shares = [], []
-        for value in self.values:
-            args, kwargs = _clone(self.inputs[name])
-            shared: list[Any] = []
-            keep = _keeper(shared)
-            hooks = [getattr(unit, n).register_forward_hook(keep) for n in shared_children(unit)]
-            try:
-                with assigned(objs, self.param, value):
-                    result = float_tensors(unit(*args, **kwargs))
-            finally:
-                for h in hooks:
-                    h.remove()
-            if not result:
-                raise ValueError(f"module {name!r} returns no tensor")
-            output = result[0].detach().double().clone()
-            share = torch.zeros_like(output)
-            for s in shared:
-                share = share + s.double().reshape(output.shape)
-            outputs.append(output.reshape(-1))
-            shares.append(share.reshape(-1))
-        return torch.stack(outputs), torch.stack(shares)
+        args, kwargs = _clone(self.inputs[name])
+        shared: list[Any] = []
+        keep = _keeper(shared)
+        hooks = [getattr(unit, n).register_forward_hook(keep) for n in shared_children(unit)]
+        try:
+            with assigned(objs, self.param, value), context or contextlib.nullcontext():
+                result = float_tensors(unit(*args, **kwargs))
+        finally:
+            for h in hooks:
+                h.remove()
+        if not result:
+            raise ValueError(f"module {name!r} returns no tensor")
+        output = result[0].detach().double().clone()
+        share = torch.zeros_like(output)
+        for s in shared:
+            share = share + s.double().reshape(output.shape)
+        return output.reshape(-1), share.reshape(-1)
