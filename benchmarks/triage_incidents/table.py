@@ -17,8 +17,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
         held = f" ({r['half']})" if r.get("half") else ""
         held += f" (new, {r['held_out']})" if r.get("held_out") else ""
+        tier = f"{r['culprit_tier']}{'' if r.get('culprit_signal', True) else ' (no signal)'}"
         out.append(
-            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {_ranked(r)} | {r['warnings']}{named} "
+            f"| {r['id']}{held} | {r['release']} | {tier} "
+            f"| {_ranked(r)} | {r['warnings']}{named} "
             f"| {decoys} | {r['seconds']:.2f} |"
         )
     out.append("")
