@@ -16,7 +16,7 @@ class Case:
     factor: str | None = None  # a factor case: the warning must name these sites
     sites: tuple[tuple[str, str], ...] = ()  # (file, code on the line) the warning must name
     base: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # edits that make the base tree
-    held_out: str = ""  # which held-out set ("seventh set"): added after the last change to the analysis, measured once
+    held_out: str = ""  # the set it came in ("ninth set"): written before triage ran on it, first measured there
 
 
 V33, V10, S410, S51, S523, LCP = (

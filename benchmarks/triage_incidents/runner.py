@@ -117,6 +117,7 @@ def summary(res: Result) -> dict[str, Any]:
         "release": f"{res.case.package} {res.case.version}",
         "what": res.case.what,
         "culprit_tier": res.culprit.tier,
+        "culprit_signal": res.culprit.ranking.signal,
         "culprit_rank": res.rank,
         "culprit_tied": res.tied,
         "longest_reason": res.longest_reason,

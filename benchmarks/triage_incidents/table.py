@@ -15,22 +15,28 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         d = r["decoy_tiers"]
         decoys = " / ".join(str(d.get(k, "-")) for k in ("comment", "message", "rewrite", "precision"))
         named = "" if not r["factor_case"] else (" (yes)" if r["sites_named"] else " (no)")
-        held = f" (held out, {r['held_out']})" if r.get("held_out") else ""
+        held = f" ({r['half']})" if r.get("half") else ""
+        held += f" (new, {r['held_out']})" if r.get("held_out") else ""
+        tier = f"{r['culprit_tier']}{'' if r.get('culprit_signal', True) else ' (no signal)'}"
         out.append(
-            f"| {r['id']}{held} | {r['release']} | {r['culprit_tier']} | {_ranked(r)} | {r['warnings']}{named} "
+            f"| {r['id']}{held} | {r['release']} | {tier} "
+            f"| {_ranked(r)} | {r['warnings']}{named} "
             f"| {decoys} | {r['seconds']:.2f} |"
         )
     out.append("")
     out.append(_totals("all", rows))
-    dev = [r for r in rows if not r.get("held_out")]
-    held_rows = [r for r in rows if r.get("held_out")]
-    if dev and held_rows:
-        out.append(_totals("developed on", dev))
-        sets = ", ".join(sorted({r["held_out"] for r in held_rows}))
-        out.append(_totals(f"held out ({sets})", held_rows))
-        by_set = sorted({r["held_out"] for r in held_rows})
-        if len(by_set) > 1:  # each held-out set on its own line too
-            out.extend(_totals(f"held out ({s})", [r for r in held_rows if r["held_out"] == s]) for s in by_set)
+    for half, label in (("dev", "development half"), ("heldout", "held-out half")):
+        part = [r for r in rows if r.get("half") == half]
+        if part and len(part) < len(rows):
+            out.append(_totals(label, part))
+    new = [r for r in rows if r.get("held_out")]
+    for s in sorted({r["held_out"] for r in new}):  # incidents first measured in this set, on their own
+        part = [r for r in new if r["held_out"] == s]
+        out.append(_totals(f"{s}", part))
+        for half, label in (("dev", "development half"), ("heldout", "held-out half")):
+            sub = [r for r in part if r.get("half") == half]
+            if sub and len(sub) < len(part):
+                out.append(_totals(f"{s}, {label}", sub))
     return "\n".join(out)
 
 
@@ -51,8 +57,9 @@ def _totals(label: str, rows: list[dict[str, Any]]) -> str:
         f" (and level first with another patch: {level}); tier 2: "
         f"{sum(r['culprit_tier'] == 2 for r in rows)}; tier 3: {sum(r['culprit_tier'] == 3 for r in rows)}. "
         f"Inert decoys above tier 3: {sum(t != 3 for t in inert)} of {len(inert)}. "
-        f"Factor cases with a warning naming the right sites: "
+        f"Factor cases with a warning naming every factor site: "
         f"{sum(bool(r['sites_named']) for r in factor)}/{len(factor)}. "
+        f"No static signal on the culprit: {sum(r.get('culprit_signal') is False for r in rows)}. "
         f"Precision decoys: tiers {[r['decoy_tiers'].get('precision', '-') for r in rows]}. "
         f"Longest reason or warning headline: {max((r.get('longest_reason', 0) for r in rows), default=0)} characters."
     )

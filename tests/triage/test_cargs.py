@@ -109,7 +109,7 @@ def test_a_scale_replaced_by_the_identity_at_a_cpp_call_is_a_scale_signal_naming
     assert "src/llama-model.cpp:5" in reasons[0]
     # an argument swapped with no scale in play stays "changes computation", tier 2
     tier, reasons = _triage_cpp(tmp_path / "b", SOURCE.replace("q, k, NULL", "k, q, NULL"))
-    assert tier == 2 and reasons[0].startswith("changes computation on the forward path")
+    assert tier == 2 and reasons[0].startswith("no static signal: changes computation on the forward path")
     # a comment next to the call stays proven inert
     tier, reasons = _triage_cpp(tmp_path / "c", SOURCE.replace("1.0f/sqrtf(float(d))", "1.0f/sqrtf(float(d)) /* s */"))
     assert tier == 3 and reasons[0].startswith("same math")

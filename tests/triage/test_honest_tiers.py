@@ -165,8 +165,9 @@ def test_a_change_on_the_forward_path_is_never_same_math(tree: Path, tmp_path: P
     assert "same math" not in text
     if p.ranking.risk == 0:
         assert p.ranking.reasons[0].startswith(
-            "changes computation on the forward path; no known risky pattern matched: pkg/model.py:"
+            "no static signal: changes computation on the forward path; no known risky pattern matched: pkg/model.py:"
         )
+        assert not p.ranking.signal
 
 
 def test_the_mul_rewrite_inside_a_real_change_is_not_read_as_a_removed_multiply(tree: Path, tmp_path: Path) -> None:
@@ -218,3 +219,42 @@ def test_the_text_of_a_log_call_that_computes_is_inert_but_not_its_arguments_or_
     f_base = base.replace('"warmed in %.3f ms"', 'f"warmed {started}: %.3f"')
     assert inert(ast.parse(f_base), ast.parse(f_base.replace("warmed {started}:", "took {started} -"))) is not None
     assert inert(ast.parse(f_base), ast.parse(f_base.replace("{started}", "{started!r}"))) is None
+
+
+RISKY = [
+    ("            final_hidden_states = x\n", "            final_hidden_states = x * self.routed_scaling_factor\n")
+]
+
+
+def test_no_static_signal_is_said_where_there_is_no_evidence(tree: Path, tmp_path: Path) -> None:
+    """A tier with evidence either way (a risky pattern, or proven inert) carries a signal; a change on the forward
+    path that matches no pattern and is not proven inert says "no static signal" in its reason, the plan and JSON."""
+    from speedtrap.triage import render_plan
+
+    diffs = [
+        _diff(tree, NOT_INERT["a constant changed"], tmp_path / "unknown.diff"),
+        _diff(tree, INERT["comment"], tmp_path / "comment.diff"),
+        _diff(
+            tree,
+            [
+                (
+                    "            final_hidden_states = x\n",
+                    "            final_hidden_states = x * self.routed_scaling_factor\n",
+                )
+            ],
+            tmp_path / "risky.diff",
+        ),
+    ]
+    report = triage(from_diff_files(diffs, tree), "routed_scaling_factor")
+    by = {p.name: p for p in report.patches}
+    unknown, comment, risky = by["unknown"], by["comment"], by["risky"]
+    assert unknown.tier == 2 and unknown.ranking.risk == 0 and not unknown.ranking.signal
+    assert unknown.ranking.reasons[0].startswith("no static signal: ")
+    assert unknown.ranking.to_json()["static_signal"] is False
+    assert comment.tier == 3 and comment.ranking.signal  # proven inert: evidence
+    assert (
+        risky.ranking.risk > 0 and risky.ranking.signal and "no static signal" not in "\n".join(risky.ranking.reasons)
+    )
+    plan = render_plan(report)
+    assert "`unknown` (no static signal)" in plan and "(Tier 2 (no static signal))" in plan
+    assert "`risky` (no static signal)" not in plan

@@ -27,9 +27,9 @@ def test_tier_one_is_the_routed_scaling_and_mhc_bf16_patches(report: TriageRepor
         # Harmless by construction, but a new kernel is not proven equal on the AST: tier 2, not "same math".
         p = next(p for p in report.patches if p.name == harmless)
         assert p.tier == 2 and p.ranking.risk == 0
-        assert p.ranking.reasons[0].startswith(
-            "changes computation on the forward path; no known risky pattern matched: model.py:"
-        )
+        assert p.ranking.reasons[0].startswith("no static signal: changes computation on the forward path")
+        assert "no known risky pattern matched: model.py:" in p.ranking.in_full[0]
+        assert not p.ranking.signal
     assert report.tier(3) == []
 
 

@@ -201,7 +201,10 @@ def test_hot_path_every_layer_and_setup(tree: Path, tmp_path: Path) -> None:
     assert hot is not None and hot.level == "every layer" and hot.reader == "self.fused in MoE.forward"
     # `x and True` is not `x`: not proven inert, so not "same math", but no risky pattern either.
     assert q.tier == 2 and q.ranking.risk == 0
-    assert q.ranking.reasons[0].startswith("changes computation on the forward path; no known risky pattern matched")
+    assert q.ranking.reasons[0].startswith(
+        "no static signal: changes computation on the forward path; no known risky pattern matched"
+    )
+    assert not q.ranking.signal and q.ranking.tier_words == "2 (no static signal)"
     assert "pkg/model.py:" in q.ranking.in_full[0] and "config.fused and True" in q.ranking.in_full[0]
 
 

@@ -144,8 +144,10 @@ def _print_report(report: object) -> None:
         out_console.print(f"\n[bold]Tier {tier}[/]", highlight=False)
         for p in report.tier(tier):
             best = p.signals.best_hot_path
+            signal = "" if p.ranking.signal else "no static signal | "
             facts = escape(
-                f"[{p.gate.describe()} | runs {best.level if best else 'unknown'} | phases {p.signals.phases} (guess)]"
+                f"[{signal}{p.gate.describe()} | runs {best.level if best else 'unknown'} | "
+                f"phases {p.signals.phases} (guess)]"
             )
             out_console.print(f"  [bold]{escape(p.name)}[/]  {facts}", highlight=False, soft_wrap=True)
             for i, reason in enumerate(p.ranking.reasons):

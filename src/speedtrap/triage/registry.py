@@ -105,6 +105,14 @@ RULES: tuple[Rule, ...] = (
         ("tests/triage/test_change_classes.py",),
     ),
     Rule(
+        "default flipped",
+        "guard",
+        "python.default_flipped",
+        'the fallback of a config read changed, object and key unchanged (`getattr(config, "k", False)` -> '
+        '`True`, `cfg.get("k", x)`): every config without the key now takes the other value',
+        ("tests/triage/test_default_flipped.py",),
+    ),
+    Rule(
         "argument shifted",
         "guard",
         "python.argument_shifted",

@@ -6,6 +6,7 @@ from speedtrap.triage.python.argument_dropped import dropped_arguments
 from speedtrap.triage.python.argument_shifted import shifted_arguments
 from speedtrap.triage.python.buffer_as_float import buffer_to_float
 from speedtrap.triage.python.cuda_graph_state import GRAPH, cuda_graph
+from speedtrap.triage.python.default_flipped import defaults_flipped
 from speedtrap.triage.python.early_return_removed import EARLY_RETURN_REMOVED, early_returns_removed
 from speedtrap.triage.python.guard_removed import guards_removed
 from speedtrap.triage.python.inert import inert
@@ -29,6 +30,7 @@ __all__ = [
     "Collapse",
     "buffer_to_float",
     "cuda_graph",
+    "defaults_flipped",
     "dropped_arguments",
     "early_returns_removed",
     "gating",

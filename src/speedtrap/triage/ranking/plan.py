@@ -145,7 +145,7 @@ def _questions(p: PatchReport, source: list[str]) -> list[tuple[str, str]]:
 
 
 def _suspect(n: int, p: PatchReport, source: list[str]) -> list[str]:
-    lines = [f"### {n}. `{p.name}` (Tier {p.tier})", ""]
+    lines = [f"### {n}. `{p.name}` (Tier {p.ranking.tier_words})", ""]
     if p.patch.summary:
         lines += [p.patch.summary, ""]
     lines += [f"Source: {p.patch.origin}; gate: {p.gate.describe()} ({p.gate_source}).", "", "Why it ranks here:", ""]
@@ -168,7 +168,9 @@ def render_plan(report: TriageReport, source_args: list[str] | None = None) -> s
     """The plan a senior engineer would write before relaunching anything."""
     source = source_args or []
     t1, t2, t3 = (report.tier(t) for t in (1, 2, 3))
-    names = lambda ps: ", ".join(f"`{p.name}`" for p in ps) or "none"  # noqa: E731
+    names = lambda ps: (  # noqa: E731
+        ", ".join(f"`{p.name}`" + ("" if p.ranking.signal else " (no static signal)") for p in ps) or "none"
+    )
     lines = [
         f"# Triage plan: {report.label}",
         "",
@@ -189,7 +191,7 @@ def render_plan(report: TriageReport, source_args: list[str] | None = None) -> s
         best = p.signals.best_hot_path
         main = p.ranking.reasons[0] if p.ranking.reasons else ""
         lines.append(
-            f"| {i} | {p.tier} | `{p.name}` | {_md(main[:160])} | {best.level if best else 'unknown'} | "
+            f"| {i} | {p.ranking.tier_words} | `{p.name}` | {_md(main[:160])} | {best.level if best else 'unknown'} | "
             f"{p.signals.phases} | {_md(_switch(p)[1])} |"
         )
     lines += ["", "## Suspects, in order", ""]

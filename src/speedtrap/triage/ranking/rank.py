@@ -7,8 +7,10 @@ Exposure (every layer, prefill and decode) multiplies the damage; a switch that 
 
 Tier 1: risk >= 5, or risk >= 2 with risk + exposure + phases >= 5.
 Tier 2: any risk; or wide exposure that cannot be switched off by an env var or flag; or any change
-to a file on the forward path that is not proven inert ("changes computation on the forward path;
-no known risky pattern matched", with the lines).
+to a file on the forward path that is not proven inert ("no static signal: changes computation on the
+forward path; no known risky pattern matched", with the lines). The last two carry no evidence: the
+ranking says so ("no static signal", ``Ranking.signal`` false) instead of presenting tier 2 as a
+judgement; the tier only orders them before the patches proven inert.
 Tier 3: changes proven inert ("same math", see ``_inert``), or changes to tests and docs only.
 """
 
@@ -29,10 +31,15 @@ _EXPOSURE = {EVERY_LAYER: 2, SOME_LAYERS: 1, PER_STEP: 1, SETUP: 0, UNKNOWN: 1}
 
 
 SAME_MATH = "same math: every changed file is proven inert"
-FORWARD = "changes computation on the forward path; no known risky pattern matched"
+NO_SIGNAL = "no static signal"
+FORWARD = f"{NO_SIGNAL}: changes computation on the forward path; no known risky pattern matched"
+WIDE_ONLY = (
+    f"{NO_SIGNAL}: no risky pattern and no changed computation found; tier 2 only because it runs on every layer "
+    "and no env var or flag switches it off"
+)
 OFF_PATH = "changes only files off the forward path (tests, docs, examples, benchmarks); not proven inert"
 _OFF_PATH_DIRS = ("tests/", "test/", "docs/", "examples/", "benchmarks/", "benchmark/", "scripts/")
-_SELECTIONS = ("widened", "narrowed", "collapsed")  # a condition's cases changed
+_SELECTIONS = ("widened", "narrowed", "collapsed", "flipped")  # a condition's cases (or a key's fallback) changed
 _LOOSENED = (*_SELECTIONS, "moved")  # guard signals whose guarded path still runs, under another selection
 _DEFINITE = {"identity literal replaced", "factor replaced by identity", "factor newly passed", EARLY_RETURN_REMOVED}
 
@@ -54,12 +61,20 @@ class Ranking:
     reasons: tuple[str, ...]
     points: dict[str, int] = field(default_factory=dict, compare=False)
     evidence: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
+    signal: bool = True  # false: no static evidence either way (no risky pattern, not proven inert)
 
     @classmethod
-    def worded(cls, tier: int, score: int, risk: int, texts: list[str], points: dict[str, int]) -> Ranking:
+    def worded(
+        cls, tier: int, score: int, risk: int, texts: list[str], points: dict[str, int], signal: bool = True
+    ) -> Ranking:
         """A ranking whose reasons are cut into one-line headlines and their evidence."""
         pairs = [split_reason(t) for t in texts]
-        return cls(tier, score, risk, tuple(h for h, _ in pairs), points, tuple(e for _, e in pairs))
+        return cls(tier, score, risk, tuple(h for h, _ in pairs), points, tuple(e for _, e in pairs), signal)
+
+    @property
+    def tier_words(self) -> str:
+        """``2``, or ``2 (no static signal)`` where the tier rests on no evidence."""
+        return str(self.tier) if self.signal else f"{self.tier} ({NO_SIGNAL})"
 
     def lines(self, i: int) -> tuple[str, ...]:
         """The evidence lines of reason ``i``."""
@@ -93,6 +108,7 @@ class Ranking:
             "reasons": list(self.reasons),
             "reason_evidence": [list(self.lines(i)) for i in range(len(self.reasons))],
             "points": self.points,
+            "static_signal": self.signal,
         }
 
 
@@ -174,16 +190,18 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
     points["hard_to_ab"] = ab
     reasons.append(gate_words(gate))
     score = sum(points.values())
+    signal = True
     if risk >= 5 or (risk >= 2 and risk + exposure + phases >= 5):
         tier = 1
     elif risk > 0:
         tier = 2
     elif sig.changed and not all(_off_path(e.file) for e in sig.changed):
-        tier = 2
+        tier, signal = 2, False
         lines = "; ".join(e.render() for e in sig.changed[:4])
         reasons.insert(0, f"{FORWARD}: {lines}")
     elif exposure >= 2 and ab:
-        tier = 2
+        tier, signal = 2, False
+        reasons.insert(0, WIDE_ONLY)
     elif sig.changed:
         tier = 3
         reasons.insert(0, f"{OFF_PATH}: {', '.join(sorted({e.file for e in sig.changed}))}")
@@ -191,7 +209,7 @@ def rank(sig: PatchSignals, gate: Gate, doubles: list[DoubleApplication], declar
         tier = 3
         why = "; ".join(f"{f}: {w}" for f, w in sig.inert[:4])
         reasons.insert(0, f"{SAME_MATH} ({why})" if why else SAME_MATH)
-    return Ranking.worded(tier, score, risk, reasons, points)
+    return Ranking.worded(tier, score, risk, reasons, points, signal)
 
 
 def _exposure_words(best: HotPath) -> str:

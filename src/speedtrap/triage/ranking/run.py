@@ -245,7 +245,7 @@ def triage(
                 ranking = ranking.with_reason(words, first=False)
             notes.append(words)
         if not patch.diff:  # nothing was read, so nothing was found: say so instead of "same math"
-            ranking = ranking.without(SAME_MATH).with_reason(NO_DIFF, first=True)
+            ranking = dataclasses.replace(ranking.without(SAME_MATH).with_reason(NO_DIFF, first=True), signal=False)
         reports.append(PatchReport(patch, files, sig, gate, gate_source, ranking, doubles, added_sites, notes, missing))
         if trace is not None:
             trace.added.extend(added_sites)
