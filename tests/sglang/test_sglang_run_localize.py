@@ -66,6 +66,11 @@ def test_run_on_the_sglang_example_localizes_the_seeds_commit_in_the_engine(tmp_
     assert {r["layer"]: r["times"] for r in loc["scale"]["rows"]} == {i: 2 for i in moe}
     assert {r["layer"]: r["times"] for r in loc["base_scale"]["rows"]} == {i: 1 for i in moe}
     assert "SGLang's own dumper" in loc["measured_on"]
+    # where, measured in the worker (no --symbol: the factor is the one triage read in the culprit's diff): the
+    # top-k that now applies it and the block's own multiply, both in SGLang's code
+    twice = [e for e in report["verdict"]["evidence"] if "applied twice: `" in e]
+    assert twice and "topk.py:" in twice[0] and "glm4_moe.py:" in twice[0], report["verdict"]["evidence"]
+    assert any("applied once: `glm4_moe.py:" in e for e in report["verdict"]["evidence"]), report["verdict"]
     stages = {s["name"]: s["seconds"] for s in report["run"]["stages"]}
     print(f"speedtrap run: {seconds:.0f} s, stages {stages}, first divergent {first}", flush=True)
     print("report:", (run_dir / "report.md").read_text().split("## Localization")[1][:1500], flush=True)
@@ -90,4 +95,13 @@ def test_the_seeds_halves_are_localized_in_their_roles_on_the_pd_stack(tmp_path:
     assert prefill.shown.scale is not None and set(prefill.shown.scale.times_by_layer().values()) == {2}
     assert prefill.shown.base_scale is not None and set(prefill.shown.base_scale.times_by_layer().values()) == {1}
     assert decode.shown.layers.first_divergent is not None
+    # the factor's sites, measured in the prefill's worker: the top-k and the block's multiply; the base: one
+    for scale, files in (
+        (prefill.shown.scale, {"topk.py", "glm4_moe.py"}),
+        (prefill.shown.base_scale, {"glm4_moe.py"}),
+    ):
+        for unit in scale.units:
+            assert {s.where.split(":")[0] for s in unit.applying} == files, unit.sites_words()
+            assert sum(s.applies for s in unit.applying) == len(files), unit.sites_words()
+    print("prefill sites:", prefill.shown.scale.units[0].sites_words(), flush=True)
     print(f"PD live localize: {seconds:.0f} s", {r.culprit: r.extra() for r in results}, flush=True)

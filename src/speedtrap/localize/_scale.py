@@ -36,8 +36,7 @@ from speedtrap.localize._results import (
     ScaleUnit,
     layer_of,
 )
-from speedtrap.localize.agent.speedtrap_agent import assigned, shared_children, unit_of
-from speedtrap.localize.agent.speedtrap_agent.provenance import Provenance
+from speedtrap.localize.agent.speedtrap_agent import Provenance, assigned, shared_children, unit_of
 from speedtrap.targets import InProcessModel
 
 DEFAULT_PARAM = "routed_scaling_factor"

@@ -15,7 +15,7 @@ import re
 from speedtrap.triage.evidence import (
     Evidence,
 )
-from speedtrap.triage.platform.phases import phase_of
+from speedtrap.triage.platform import phase_of
 from speedtrap.triage.source import ChangedFile, Module, condition_names, last_name
 
 _ENV_CALLS = {"getenv", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "get_str_env_var", "env_flag"}

@@ -32,7 +32,7 @@ from speedtrap.triage.flow import (
     literal_changes,
     statement_identity_changes,
 )
-from speedtrap.triage.platform.phases import RuntimePhase, runtime_phase
+from speedtrap.triage.platform import RuntimePhase, runtime_phase
 from speedtrap.triage.python import (
     GRAPH,
     MEMORY,

@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_json
+from .provenance import Provenance
 from .ranks import complete, declared, rank_world, shard_picks
 from .rows import Capture, reduce_for, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
 __all__ = [
-    "VERSION", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register", "shard_picks",
+    "VERSION", "Provenance", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register", "shard_picks",
     "shared_children", "unit_of",
 ]  # fmt: skip
 
