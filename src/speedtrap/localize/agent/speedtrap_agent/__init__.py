@@ -37,8 +37,8 @@ from .rows import Capture, reduce_for, reduce_rows
 from .scale import Scale, assigned, shared_children, unit_of
 
 __all__ = [
-    "VERSION", "Provenance", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register", "shard_picks",
-    "shared_children", "unit_of",
+    "VERSION", "Provenance", "assigned", "attach", "complete", "install", "reduce_for", "reduce_rows", "register",
+    "shard_picks", "shared_children", "unit_of",
 ]  # fmt: skip
 
 VERSION = "0.1.0"
