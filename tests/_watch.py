@@ -110,6 +110,7 @@ class ServerWatcher:
         self.most = 0
         self.most_listening = 0
         self.seen: set[int] = set()
+        self.crowd: dict[int, str] = {}  # the servers alive when ``most`` last rose above one: pid -> parent, argv
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -136,6 +137,10 @@ class ServerWatcher:
     def _run(self) -> None:
         while True:
             now = self._alive()
+            if len(now) > max(self.most, 1):
+                self.crowd = {
+                    p: f"parent {parent_of(p)}: {b' '.join(a)[:200].decode(errors='replace')}" for p, a in now.items()
+                }
             self.most = max(self.most, len(now))
             self.seen.update(now)
             ports = {port for port in map(port_of, now.values()) if port is not None}

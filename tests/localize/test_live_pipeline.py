@@ -63,7 +63,7 @@ def test_run_on_a_server_manifest_localizes_the_culprit_inside_the_server(tmp_pa
     with ServerWatcher(argv_has(b"serve", b"smol-moe"), descends_from(os.getpid())) as watcher:
         done = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=1500, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert watcher.most == 1 and len(watcher.seen) >= 4, (watcher.most, len(watcher.seen))
+    assert watcher.most == 1 and len(watcher.seen) >= 4, (watcher.most, len(watcher.seen), watcher.crowd)
     summary = json.loads(done.stdout)
     assert summary["errors"] == [] and [c["patches"] for c in summary["verdict"]["culprits"]] == [
         ["hash_topk_routed_scaling"]

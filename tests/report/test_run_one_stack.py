@@ -65,4 +65,4 @@ def test_the_evidence_stage_never_has_a_second_server_alive(tmp_path: Path) -> N
     # the evidence stage measured on its own (its settings are not isolation's), and recorded its baseline
     assert not any(p.startswith("probes/divergence") for p in summary["reused"]), summary["reused"]
     assert (out / "probes" / "reference.strec").is_file()
-    assert watcher.most == 1, f"{watcher.most} servers alive at once ({len(watcher.seen)} launched)"
+    assert watcher.most == 1, f"{watcher.most} servers alive at once ({len(watcher.seen)} launched): {watcher.crowd}"

@@ -27,7 +27,7 @@ from speedtrap._errors import ServerError
 from speedtrap._redact import redact_argv
 from speedtrap.stack._alive import Slot
 from speedtrap.stack._diagnose import error_line
-from speedtrap.stack._leftovers import existing, group_pids, held_files, remove_left
+from speedtrap.stack._leftovers import existing, group_pids, held_files, remove_left, wait_group_gone
 
 _POLL_S = 0.2
 # Servers started by this process and not yet stopped: stop_all() ends them (a Ray worker told to
@@ -125,6 +125,7 @@ class Server:
                 self.proc.wait(10)
         # Workers the server forked may outlive it; the group is ours, so make sure they are gone.
         _signal_group(self.proc, signal.SIGKILL)
+        wait_group_gone(self.proc.pid, 10.0)  # one stack alive: the next launch waits for every process to be gone
         if self.proc.stdin is not None:  # the guard's lifeline: closed once the group is gone
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 _SHM = "/dev/shm/"
 
 
 def group_pids(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (a guard's group: the server and its workers)."""
+    """The live processes of process group ``pgid`` (a guard's group: the server and its workers); a zombie,
+    which holds nothing but its exit status, is not one."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -29,7 +31,7 @@ def group_pids(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(entry.name))
     return out
 
@@ -87,3 +89,12 @@ def remove_left(paths: set[str], before: set[str]) -> list[str]:
 
 
 __all__ = ["existing", "group_pids", "held_files", "remove_left"]
+
+
+def wait_group_gone(pgid: int, timeout: float) -> list[int]:
+    """Wait until no live process of group ``pgid`` is left (a SIGKILLed process dies asynchronously, and a
+    big one takes a moment to release its memory); returns those still there after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := group_pids(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
