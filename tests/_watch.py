@@ -110,6 +110,7 @@ class ServerWatcher:
         self.most = 0
         self.most_listening = 0
         self.seen: set[int] = set()
+        self.before: set[int] = set()  # servers alive when the watch began (another test's fixture): not counted
         self.crowd: dict[int, str] = {}  # the servers alive when ``most`` last rose above one: pid -> parent, argv
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -128,7 +129,9 @@ class ServerWatcher:
         return {
             pid: argv
             for pid, argv in found.items()
-            if parent_of(pid) not in found and (self.ours is None or self.ours(pid))  # a forked worker is no server
+            if parent_of(pid) not in found
+            and (self.ours is None or self.ours(pid))  # a forked worker is no server
+            and pid not in self.before
         }
 
     def count(self) -> int:
@@ -150,6 +153,7 @@ class ServerWatcher:
                 return
 
     def __enter__(self) -> ServerWatcher:
+        self.before = set(self._alive())
         self._thread.start()
         return self
 

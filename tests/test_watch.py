@@ -28,6 +28,23 @@ def test_counts_servers_not_guards_or_forked_workers(tmp_path: Path) -> None:
     assert len(watcher.seen) == 2
 
 
+def test_a_server_alive_before_the_watch_is_not_counted() -> None:
+    """A server another test's fixture left running (a session-scoped one) is not the watched run's."""
+    match = argv_has(b"-m", b"fake_engine.launch_server")
+    old = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)", "-m", "fake_engine.launch_server"])
+    try:
+        time.sleep(0.2)
+        with ServerWatcher(match, descends_from(os.getpid()), interval=0.05) as watcher:
+            subprocess.run([sys.executable, *SERVER], check=True)
+        assert watcher.most == 1 and len(watcher.seen) == 1
+        with ServerWatcher(match, descends_from(os.getpid()), interval=0.05) as unfiltered:
+            pass
+        assert old.pid in unfiltered.before
+    finally:
+        old.kill()
+        old.wait()
+
+
 def test_two_at_once_and_the_marker() -> None:
     env = {**os.environ, "WATCH_TEST": "x"}
     with ServerWatcher(argv_has(b"fake_engine.launch_server"), marked("WATCH_TEST", "x"), interval=0.05) as w:
