@@ -206,3 +206,18 @@ def test_sites_round_trip_through_json_and_an_older_result_has_none() -> None:
 
     old = {"module": "m", "verdict": "applied once", "times": 1}
     assert ScaleUnit.from_json(old).sites is None and ScaleUnit.from_json(old).sites_words() == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("torch_dynamo_resume_in_biased_grouped_topk_impl_at_1840", "biased_grouped_topk_impl"),  # SGLang's, measured
+        ("torch_dynamo_resume_in_torch_dynamo_resume_in_f_at_3_at_9", "f"),  # a resume of a resume
+        ("Glm4MoeSparseMoeBlock.forward_normal", "Glm4MoeSparseMoeBlock.forward_normal"),
+        ("resume_at_home", "resume_at_home"),
+    ],
+)
+def test_a_site_in_a_frame_torch_compile_resumed_is_named_by_its_source_function(name: str, shown: str) -> None:
+    from speedtrap.localize.agent.speedtrap_agent.provenance import _qualname
+
+    assert _qualname(SimpleNamespace(co_qualname=name, co_name=name)) == shown

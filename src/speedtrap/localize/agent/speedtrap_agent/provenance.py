@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -305,8 +306,16 @@ def _argument_names(code: Any) -> tuple[str, ...]:
     return tuple(n for n in code.co_varnames[:count] if n != "self")
 
 
+_RESUME = re.compile(r"^(?:torch_dynamo_resume_in_|__resume_in_)(.+)_at_\d+$")  # dynamo's frames after a graph break
+
+
 def _qualname(code: Any) -> str:
-    return str(getattr(code, "co_qualname", code.co_name))
+    """The function's qualified name; a frame torch.compile resumes after a graph break
+    (``torch_dynamo_resume_in_biased_grouped_topk_impl_at_1840``) by the source function it continues."""
+    name = str(getattr(code, "co_qualname", code.co_name))
+    while match := _RESUME.match(name.rpartition(".")[2]):
+        name = match.group(1)
+    return name
 
 
 def _op_name(func: Any) -> str:
