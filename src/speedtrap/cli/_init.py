@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -44,12 +44,7 @@ def init_cmd(
     from speedtrap.triage import init_manifest
 
     result = init_manifest(repo, range_)
-    try:
-        out.write_text(result.text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {str(out)!r}: {exc.strerror}", "choose another --out") from None
-    if json:
-        emit_json({**result.to_json(), "path": str(out)})
+    if _written(out, result.text, result.to_json() if json else None):
         return
     for p in result.patches:
         tier = f"tier {p['tier']}" if p["tier"] is not None else "-"
@@ -67,12 +62,7 @@ def _from_pids(
             "--repo goes with --range alone", "drop --repo: with --pid the checkout is the one the engine imports"
         )
     result = init_from_pids(pids, ssh, since, rng)
-    try:
-        out.write_text(result.text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {str(out)!r}: {exc.strerror}", "choose another --out") from None
-    if json:
-        emit_json({**result.to_json(), "path": str(out)})
+    if _written(out, result.text, result.to_json() if json else None):
         return
     for r in result.roles:
         err_console.print(f"{r['role']:8} pid {r['pid']}  {r['engine']}  port {r['port']}", highlight=False)
@@ -81,3 +71,14 @@ def _from_pids(
         err_console.print(f"TODO {todo}", highlight=False)
     then = "fill in the TODO lines, then" if result.todos else "then"
     err_console.print(f"wrote {out}: {then} `speedtrap run --manifest {out}`", highlight=False)
+
+
+def _written(out: Path, text: str, as_json: dict[str, Any] | None) -> bool:
+    """Write the manifest to ``out``; with ``as_json`` print it as one JSON object (True: nothing more to print)."""
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {str(out)!r}: {exc.strerror}", "choose another --out") from None
+    if as_json is not None:
+        emit_json({**as_json, "path": str(out)})
+    return as_json is not None
