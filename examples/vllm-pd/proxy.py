@@ -5,7 +5,7 @@ unchanged request then goes to the decode with the ``kv_transfer_params`` the pr
 decode fetches the prompt's KV); the decode's answer is the answer. Prompt logprobs (vLLM's
 ``prompt_logprobs``) are the prefill's: the prefill computed the prompt, the decode only loaded its KV.
 Anything else (``/v1/models``, ``/tokenize``) is the decode's. Run: ``python proxy.py --port P --prefill
-http://127.0.0.1:A --decode http://127.0.0.1:B``.
+http://127.0.0.1:A --decode http://127.0.0.1:B [--host 0.0.0.0]``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--host", default="127.0.0.1")  # 0.0.0.0: reached from other nodes (roles on Ray nodes)
 parser.add_argument("--prefill", required=True)
 parser.add_argument("--decode", required=True)
 args = parser.parse_args()
@@ -66,4 +67,4 @@ async def other(path: str, request: Request) -> Response:
 
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

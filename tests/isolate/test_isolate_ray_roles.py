@@ -79,6 +79,10 @@ def test_prefill_decode_and_router_each_on_its_node_give_the_local_verdict(clust
         node = next(raylets[int(p)] for p in chain.split(",") if int(p) in raylets)
         seen.setdefault(role, set()).add(node)
     assert seen == {"prefill": {"a"}, "decode": {"b"}, "router": {"head"}}, seen
+    ids = {n.get("Labels", {}).get("speedtrap"): n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    [where] = [n for n in remote.notes if n.startswith("the stack's roles ran on: ")]
+    for role, label in (("prefill", "a"), ("decode", "b"), ("router", "head")):
+        assert f"{role} on Ray node {ids[label][:12]} (speedtrap={label}) at " in where, where
     assert sum(1 for _ in lineage.read_text().splitlines()) == 3 * remote.launches
 
 

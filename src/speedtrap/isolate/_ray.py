@@ -390,6 +390,27 @@ class RayExecutor:
         """Each slot's placement group as Ray reports it: its strategy and the node of each bundle."""
         return [group_table(s.group) for s in self._slots if s.group is not None]
 
+    def role_nodes(self) -> list[str]:
+        """Where each role of a stack placed role by role ran: one line per role, naming the Ray node (its id as
+        `ray list nodes` shows it, its labels, its address) of each stack placed now (``[]``: no such stack)."""
+        if self._spread is None:
+            return []
+        nodes = {str(n.get("NodeID")): n for n in self._ray.nodes()}
+        where: dict[str, list[str]] = {role: [] for role in self._roles}
+        for slot in self._slots:
+            if slot.group is None:
+                continue
+            with contextlib.suppress(Exception):  # a group removed meanwhile: nothing to say about it
+                for role, node_id in zip(self._roles, group_table(slot.group)["nodes"], strict=False):
+                    node = nodes.get(str(node_id), {})
+                    labels = ", ".join(
+                        f"{k}={v}" for k, v in sorted((node.get("Labels") or {}).items()) if not k.startswith("ray.io/")
+                    )
+                    shown = f"{str(node_id)[:12]} ({labels or 'no labels'}) at {node.get('NodeManagerAddress', '?')}"
+                    if shown not in where[role]:
+                        where[role].append(shown)
+        return [f"{role} on Ray node {' and '.join(shown)}" for role, shown in where.items() if shown]
+
     def _stop_slots(self) -> None:
         ray = self._ray
         closing = [s.actor.close.remote() for s in self._slots]

@@ -222,6 +222,10 @@ def _isolate(
         notes = [*result.notes, *commits.notes(), *evaluator.notes]
         if ungated:
             notes.append(UNGATED_NOTE.format(names=", ".join(ungated)))
+        role_nodes = getattr(executor, "role_nodes", None)  # roles each on its own Ray node: where they ran
+        placed_on = role_nodes() if role_nodes is not None else []
+        if placed_on:
+            notes.append("the stack's roles ran on: " + "; ".join(placed_on))
         failovers = getattr(executor, "failovers", 0) - failovers_before
         if failovers:
             notes.append(f"{failovers} trial(s) ran again on a fresh worker after theirs died mid-trial")
