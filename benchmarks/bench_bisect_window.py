@@ -1,13 +1,16 @@
 """A release window of N commits: `speedtrap init` + `speedtrap bisect` against `git bisect run`, side by side.
 
     flock /work/heavy.lock .venv/bin/python benchmarks/bench_bisect_window.py [--sizes 8,32,128]
-        [--cases single,pair,conflict] [--json bench_bisect_window.json]
+        [--cases single,pair,conflict] [--json bench_bisect_window.json] [--tree DIR]
 
 Each window is built by tests/isolate/commit_stack.py (``make_window``): N commits after a base, the
 harmless ones editing their own line, the constructed ones known to break the stack (ground truth
 by construction): single (one commit), pair (two commits that fail only together), conflict (the
 culprit beside a revert: an earlier commit flips a line, a later one flips it back, the culprit
 edits the next line; the culprit and the flip do not cherry-pick together onto the base).
+With ``--tree DIR`` (an engine's source: SGLang's or vLLM's installed package folder) the window's base
+also holds DIR's Python files and each harmless commit appends a comment line to one of them (spread over
+the tree), so init's triage and bisect's work before the first launch run on a real engine's tree.
 
 Both tools get the same tiny server (``python -m stack.server``) and the same probe
 (tests/isolate/tiny_probe.py, fail when ``metric > 0.5``):
@@ -148,6 +151,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,32,128")
     parser.add_argument("--cases", default="single,pair,conflict")
     parser.add_argument("--json", type=Path, default=Path("bench_bisect_window.json"))
+    parser.add_argument("--tree", type=Path, help="an engine's source (e.g. SGLang's installed package folder) in "
+                        "the base; the harmless commits edit its files")  # fmt: skip
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
@@ -158,7 +163,7 @@ def main() -> None:
             for n in (int(x) for x in args.sizes.split(",")):
                 scratch = Path(tmp) / f"{case}-{n}"
                 scratch.mkdir()
-                win = make_window(scratch, n, case)
+                win = make_window(scratch, n, case, args.tree)
                 st = run_speedtrap(win, scratch, wrapper)
                 gb = run_git_bisect(win, scratch, wrapper)
                 rows.append({"case": case, "n": n, "culprits": list(win.culprits), "speedtrap": st, "git_bisect": gb})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -214,6 +215,19 @@ class Window:
     case: str
 
 
+def _copy_tree(src: Path, dst: Path) -> list[str]:
+    """``src``'s Python files copied under ``dst``; their paths relative to the repository, sorted."""
+    out = []
+    for path in sorted(src.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        out.append(f"{dst.name}/{path.relative_to(src).as_posix()}")
+    return out
+
+
 def window_positions(n: int, case: str) -> dict[str, int]:
     """Where the constructed commits sit in a window of ``n`` (0-based): fixed, so runs compare."""
     if case == "single":
@@ -227,11 +241,13 @@ def window_positions(n: int, case: str) -> dict[str, int]:
     raise ValueError(f"case {case!r}: choose from {WINDOW_CASES}")
 
 
-def make_window(root: Path, n: int, case: str) -> Window:
+def make_window(root: Path, n: int, case: str, tree: Path | None = None) -> Window:
     """A repository whose HEAD fails (but for case "none"): ``n`` commits after the base, harmless ones editing knobs.
 
     Harmless commits each edit their own line of ``stack/knobs.py`` (lines two apart, so any
-    subset cherry-picks cleanly); the constructed ones edit ``stack/model.py``:
+    subset cherry-picks cleanly); with ``tree`` (an engine's source, e.g. SGLang's installed package)
+    its Python files are in the base too, and harmless commit ``i`` instead appends a comment line to
+    the tree's ``i``-th Python file (sorted paths, spread over the tree); the constructed ones edit ``stack/model.py``:
     single: ``ROUTE_SCALED = True`` (the scale applied twice); pair: ``PAIR_A`` and ``PAIR_B``
     (the scale applied twice only when both are on); conflict: ``GATE = 1``, later ``GATE = 0``
     again, later ``ROUTE_SCALED = True`` on the next line (the culprit and the flip do not
@@ -247,6 +263,7 @@ def make_window(root: Path, n: int, case: str) -> Window:
     (repo / "stack" / "model.py").write_text(WINDOW_MODEL)
     (repo / "stack" / "server.py").write_text(SERVER)
     (repo / "stack" / "knobs.py").write_text("".join(f"KNOB_{i} = 0\n\n" for i in range(n)))
+    files = _copy_tree(tree, repo / tree.name) if tree is not None else []
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base: the stack")
     base = git(repo, "rev-parse", "HEAD")
@@ -263,6 +280,15 @@ def make_window(root: Path, n: int, case: str) -> Window:
         if i in at:
             old, new, subject = edits[at[i]]
             path = "stack/model.py"
+        elif files:
+            path = files[(i * len(files)) // n]
+            subject = f"{Path(path).parent.name}: note {i}"
+            with (repo / path).open("a") as f:
+                f.write(f"# window note {i}\n")
+            git(repo, "commit", "-q", "-am", subject)
+            shas.append(git(repo, "rev-parse", "HEAD"))
+            subjects.append(subject)
+            continue
         else:
             old, new, subject = f"KNOB_{i} = 0\n", f"KNOB_{i} = {i + 1}\n", f"knobs: tune knob {i}"
             path = "stack/knobs.py"
