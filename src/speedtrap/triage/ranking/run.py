@@ -173,10 +173,15 @@ def triage(
 
     trace = TraceResult(symbol, sites_of(symbol), files_scanned=scanned) if symbol and index else None
     stacked: dict[str, str] = {}
+    laid: dict[str, list[ChangedFile]] = {}  # a diff laid once: a commit split per role is one change, not two
     reports: list[PatchReport] = []
     for patch in patch_set.patches:
         notes: list[str] = []
-        files = lay_patch(patch.diff, patch.name, index, stacked, patch.file_hint) if patch.diff else []
+        files: list[ChangedFile] = []
+        if patch.diff:
+            if patch.diff not in laid:
+                laid[patch.diff] = lay_patch(patch.diff, patch.name, index, stacked, patch.file_hint)
+            files = laid[patch.diff]
         if not patch.diff:
             notes.append("no diff: ranked on its gate alone")
         notes.extend(f"{f.path}: {f.note}" for f in files if f.note)
