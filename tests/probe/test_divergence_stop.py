@@ -6,6 +6,7 @@ mean and share) of the full value list, and the smol-moe tests compare with the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -13,8 +14,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probe_helpers import Server, free_port, serve_argv, start_server, stop_server
 
-from speedtrap.probe import DivergenceGoal, DivergenceReport, DivergenceSettings, InProcessBackend, run_divergence
+from speedtrap.probe import (
+    DivergenceGoal,
+    DivergenceReport,
+    DivergenceSettings,
+    HttpBackend,
+    InProcessBackend,
+    adivergence_against,
+    record,
+    run_divergence,
+)
 from speedtrap.probe._divergence_stop import QUANTILES, phase_fails, quantile_need
 from speedtrap.spec import Bound
 from speedtrap.targets._base import InProcessModel
@@ -124,3 +135,37 @@ def test_an_old_report_without_the_stop_fields_loads() -> None:
 def test_goal_round_trips(stat: str) -> None:
     goal = DivergenceGoal(f"worst.{stat}", 0.05, "above")
     assert DivergenceGoal(**goal.to_json()) == goal
+
+
+def test_against_a_recording_the_culprit_stops_and_a_harmless_config_does_not(
+    smol: InProcessModel, tmp_path: Path
+) -> None:
+    recording = record(InProcessBackend(smol), tmp_path / "base.strec", divergence=SETTINGS, progress=False)
+    culprit = InProcessBackend(smol, [CULPRIT])
+    full = asyncio.run(adivergence_against(recording, culprit, progress=False))
+    early = asyncio.run(adivergence_against(recording, culprit, progress=False, goal=GOAL))
+    assert full.stopped is None and early.stopped is not None and early.unmeasured == ["decode"]
+    assert early.phases["prefill"].to_json() == full.phases["prefill"].to_json()
+    assert _verdict(full) and _verdict(early)
+    harmless = asyncio.run(adivergence_against(recording, InProcessBackend(smol), progress=False, goal=GOAL))
+    assert harmless.stopped is None and not _verdict(harmless)
+    assert harmless.phases["decode"].overall.tokens == SETTINGS.decode_tokens * SETTINGS.sequences
+
+
+def test_over_http_the_culprit_stops_and_the_baseline_runs_the_grid(served: Server, tmp_path: Path) -> None:
+    """``speedtrap serve`` with the culprit's config gate on against the baseline server (top-k logprobs)."""
+    port = free_port()
+    patched = start_server(serve_argv(port, "--set", "apply_routed_scaling_factor_on_output=true"), port,
+                           tmp_path / "patched.log")  # fmt: skip
+    try:
+        http = DivergenceSettings(lengths=(128,), sequences=2, decode_tokens=8, bucket_size=64, top_k=10)
+        base, cand = HttpBackend(served.url, "smol-moe"), HttpBackend(patched.url, "smol-moe")
+        full = run_divergence(base, cand, http, progress=False)
+        early = run_divergence(base, cand, http, progress=False, goal=GOAL)
+        assert full.stopped is None and early.stopped is not None and set(early.phases) == {"prefill"}
+        assert early.phases["prefill"].to_json() == full.phases["prefill"].to_json()
+        assert _verdict(full) and _verdict(early)
+        same = run_divergence(base, base, http, progress=False, goal=GOAL)
+        assert same.stopped is None and not _verdict(same) and same.phases["decode"].overall.tokens == 16
+    finally:
+        stop_server(patched)

@@ -191,7 +191,7 @@ class InProcessOracle:
         if self.probe.kind == "recall":
             report = probe.run_recall(candidate, settings, progress=False)
         elif self._recording is not None:
-            report = asyncio.run(probe.adivergence_against(self._recording, candidate, progress=False))
+            report = asyncio.run(probe.adivergence_against(self._recording, candidate, progress=False, goal=self.goal))
         else:
             if self._baseline is None:
                 self._baseline = probe.InProcessBackend(self.model, list(self.always_on))
@@ -400,7 +400,7 @@ class ServerOracle:
             candidate = self.backend(server)
             try:
                 await probe.check_identity(self._recording, candidate)
-                return await probe.adivergence_against(self._recording, candidate, progress=False)
+                return await probe.adivergence_against(self._recording, candidate, progress=False, goal=self.goal)
             finally:
                 await candidate.aclose()
 

@@ -539,6 +539,20 @@ async def arun_divergence(
     )  # fmt: skip
 
 
+def decided_after_prefill(
+    goal: DivergenceGoal, prefill: Sequence[Sequence[PositionStat]], decode_tokens: int
+) -> str | None:
+    """Where and why the probe stops after every sequence's prefill (one list of positions per sequence), or None
+    when the decodes could still change the verdict (:mod:`speedtrap.probe._divergence_stop`)."""
+    stats = [st for seq in prefill for st in seq]
+    kl, same = [st.kl for st in stats], [st.same_top1 for st in stats]
+    most = {"prefill": len(stats), "decode": decode_tokens * len(prefill)}
+    if goal.decided({"prefill": (kl, same)}, most) != "prefill":
+        return None
+    why = stop_sentence(goal, "prefill", kl, same, most["prefill"])
+    return f"stopped after the prefill of {len(prefill)} of {len(prefill)} sequences: {why}"
+
+
 async def _sequential(
     pair: _Pair,
     goal: DivergenceGoal,
@@ -556,14 +570,11 @@ async def _sequential(
             if store:
                 store.append(_row(*job, tokens, finished[job][1]))
     pending = [job for job in jobs if finished[job][1]["decode"] is None]
-    if pending:
-        prefill = [st for job in jobs for st in finished[job][1]["prefill"] or []]
-        kl, same = [st.kl for st in prefill], [st.same_top1 for st in prefill]
-        most = {"prefill": len(prefill), "decode": pair.settings.decode_tokens * len(jobs)}
-        measured = {"prefill": (kl, same)}
-        if all(finished[job][1]["decode"] is None for job in jobs) and goal.decided(measured, most) == "prefill":
-            why = stop_sentence(goal, "prefill", kl, same, most["prefill"])
-            return f"stopped after the prefill of {len(jobs)} of {len(jobs)} sequences: {why}"
+    if len(pending) == len(jobs):
+        prefill = [finished[job][1]["prefill"] or [] for job in jobs]
+        why = decided_after_prefill(goal, prefill, pair.settings.decode_tokens)
+        if why is not None:
+            return why
     for job in pending:
         tokens, got = finished[job]
         found = {"prefill": got["prefill"], "decode": await pair.decode(job)}
