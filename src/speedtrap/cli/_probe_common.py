@@ -125,6 +125,9 @@ def _print_divergence(report: DivergenceReport) -> None:
     worst = {k: v for k, v in report.figures().items() if k.startswith("worst.")}
     if worst:  # the figures a verdict (--bound, check --against, the manifest's [verdict]) reads
         out_console.print("  ".join(f"{k} {v:.4g}" for k, v in sorted(worst.items())), highlight=False)
+    note = report.figures_note()
+    if note:  # stopped once the verdict was decided: the phases not measured are not in the tables above
+        out_console.print(note, highlight=False, markup=False, soft_wrap=True)
     reading = report.reading()
     if reading:
         out_console.print(f"reading: {reading}", highlight=False, markup=False, soft_wrap=True)

@@ -144,15 +144,18 @@ class Evaluator:
             launch_s=m.launch_s if m else 0.0,
             probe_s=m.probe_s if m else 0.0,
             run_id=self.run_id,
+            stopped=(m.report or {}).get("stopped") if m else None,
         )
 
     @property
     def notes(self) -> list[str]:
+        out = [f"{t.label()}: {t.stopped}" for t in self.trials if t.stopped]
         if not self.deterministic:
-            return []
+            return out
         return [
+            *out,
             f"the stack is deterministic ({self.deterministic}): {self.skipped} repeat(s) and recheck(s) were not "
-            "launched, each call made from its figures counted as the repeats it would have had"
+            "launched, each call made from its figures counted as the repeats it would have had",
         ]
 
     def _keep(self, runs: dict[Config, list[Trial]], trial: Trial) -> None:

@@ -82,6 +82,22 @@ def report_figures(kind: str, report: Any) -> dict[str, float]:
     return divergence_figures(report.phases)  # per phase, and the worse phase
 
 
+def divergence_goal(verdict: Any) -> Any:
+    """The goal a divergence probe may stop on from the manifest's ``[verdict]`` (a threshold rule with
+    ``sequential``, the default), or None: the full grid (``speedtrap.probe.DivergenceGoal``).
+
+    The goal's bound is the far edge of the verdict's "near" band (``bound x (1 + near)`` for a figure failing
+    above it), so a trial stops only where its figure is a clear fail: the rule then calls it what it calls the
+    full grid's figure (the worse phase's is at least the measured phase's), with no recheck the stop could add."""
+    if verdict is None or not verdict.sequential or verdict.rule != "threshold":
+        return None
+    from speedtrap.probe import DivergenceGoal
+
+    band = abs(verdict.bound) * verdict.near
+    edge = verdict.bound + band if verdict.direction == "above" else verdict.bound - band
+    return DivergenceGoal.of(verdict.metric, edge, verdict.direction)
+
+
 def _write_report(request: TrialRequest, report: Mapping[str, Any]) -> str | None:
     if request.workdir is None:
         return None
@@ -104,10 +120,11 @@ def build_in_process_oracle(
     always_on: tuple[str, ...],
     patches: tuple[str, ...],
     recording: bytes = b"",
+    goal: Any = None,
 ) -> InProcessOracle:
     """An in-process oracle built from scratch (the recipe another process runs)."""
     model = load_target_model(target, patches)
-    oracle = InProcessOracle(model, target, probe, always_on, patches)
+    oracle = InProcessOracle(model, target, probe, always_on, patches, goal)
     if recording:
         oracle._recording = _reference.from_bytes(recording, str(probe.reference))
     return oracle
@@ -123,8 +140,10 @@ class InProcessOracle:
         probe: ProbeSpec,
         always_on: Sequence[str] = (),
         patches: Sequence[str] = (),
+        goal: Any = None,
     ) -> None:
         self.model = model
+        self.goal = goal  # a DivergenceGoal: a live divergence probe stops once the verdict is decided
         self.target = target
         self.probe = probe
         self.always_on = tuple(always_on)
@@ -145,7 +164,9 @@ class InProcessOracle:
 
     def recipe(self) -> OracleRecipe:
         data = self._recording.data if self._recording is not None else b""
-        return functools.partial(build_in_process_oracle, self.target, self.probe, self.always_on, self.patches, data)
+        return functools.partial(
+            build_in_process_oracle, self.target, self.probe, self.always_on, self.patches, data, self.goal
+        )
 
     def identity(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -170,11 +191,11 @@ class InProcessOracle:
         if self.probe.kind == "recall":
             report = probe.run_recall(candidate, settings, progress=False)
         elif self._recording is not None:
-            report = asyncio.run(probe.adivergence_against(self._recording, candidate, progress=False))
+            report = asyncio.run(probe.adivergence_against(self._recording, candidate, progress=False, goal=self.goal))
         else:
             if self._baseline is None:
                 self._baseline = probe.InProcessBackend(self.model, list(self.always_on))
-            report = probe.run_divergence(self._baseline, candidate, settings, progress=False)
+            report = probe.run_divergence(self._baseline, candidate, settings, progress=False, goal=self.goal)
         figures = report_figures(self.probe.kind, report)
         doc = report.to_json()
         return Measurement(figures, None, _write_report(request, doc), 0.0, time.perf_counter() - t0, doc)
@@ -191,8 +212,14 @@ class ServerOracle:
     """One server per trial, switched by the patches' env vars and launch arguments."""
 
     def __init__(
-        self, target: TargetSpec, patches: Sequence[PatchSpec], probe: ProbeSpec, recording: bytes = b""
+        self,
+        target: TargetSpec,
+        patches: Sequence[PatchSpec],
+        probe: ProbeSpec,
+        recording: bytes = b"",
+        goal: Any = None,
     ) -> None:
+        self.goal = goal  # a DivergenceGoal: a live divergence probe stops once the verdict is decided
         self.target = target
         self.patches = {p.name: p for p in patches}
         self.order = [p.name for p in patches]
@@ -238,7 +265,7 @@ class ServerOracle:
     def recipe(self) -> OracleRecipe:
         data = self._recording.data if self._recording is not None else b""  # no reference server on workers
         return functools.partial(
-            ServerOracle, self.target, tuple(self.patches[n] for n in self.order), self.probe, data
+            ServerOracle, self.target, tuple(self.patches[n] for n in self.order), self.probe, data, self.goal
         )
 
     def launch_spec(self, config: Config, port: int) -> LaunchSpec:
@@ -351,7 +378,7 @@ class ServerOracle:
             try:
                 if self.probe.kind == "recall":
                     return await probe.arun_recall(candidate, settings, progress=False)
-                return await probe.arun_divergence(reference, candidate, settings, progress=False)
+                return await probe.arun_divergence(reference, candidate, settings, progress=False, goal=self.goal)
             finally:
                 await candidate.aclose()
                 if reference is not candidate:
@@ -373,7 +400,7 @@ class ServerOracle:
             candidate = self.backend(server)
             try:
                 await probe.check_identity(self._recording, candidate)
-                return await probe.adivergence_against(self._recording, candidate, progress=False)
+                return await probe.adivergence_against(self._recording, candidate, progress=False, goal=self.goal)
             finally:
                 await candidate.aclose()
 

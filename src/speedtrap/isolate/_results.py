@@ -63,9 +63,15 @@ class Trial:
     probe_s: float = 0.0
     run_id: int = 0
     reused: bool = False  # finished in an earlier run (or before an interruption) and taken from the store
+    stopped: str | None = None  # where a sequential divergence probe stopped and why (None: the whole grid)
+
+    def label(self) -> str:
+        """``trial N {config}``, as notes name a trial."""
+        return f"trial {self.index} " + ("{" + ", ".join(self.config) + "}" if self.config else "(baseline)")
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"stopped": self.stopped} if self.stopped else {}),
             "index": self.index,
             "config": list(self.config),
             "repeat": self.repeat,
@@ -103,6 +109,7 @@ class Trial:
             probe_s=float(d.get("probe_s", 0.0)),
             run_id=int(d.get("run_id", 0)),
             reused=bool(d.get("reused", False)),
+            stopped=d.get("stopped"),
         )
 
 

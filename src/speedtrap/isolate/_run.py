@@ -12,7 +12,7 @@ from speedtrap._errors import ManifestError, SpeedtrapError, UsageError
 from speedtrap.isolate._commit_relations import CommitRelations, declared_relations, describe_commit_patches, merged
 from speedtrap.isolate._evaluate import Evaluator
 from speedtrap.isolate._executor import Executor, LocalExecutor, Oracle, ThreadExecutor
-from speedtrap.isolate._oracle import InProcessOracle, ServerOracle, load_target_model
+from speedtrap.isolate._oracle import InProcessOracle, ServerOracle, divergence_goal, load_target_model
 from speedtrap.isolate._relations import Relations
 from speedtrap.isolate._results import IsolateResult, Trial
 from speedtrap.isolate._rules import rule_from_spec
@@ -154,11 +154,12 @@ def _isolate(
             patches = _in_process_patches(manifest, model)
             check_relations(patches)
             always = [p.name for p in patches if p.ungated]
-            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest))
+            goal = divergence_goal(manifest.verdict)
+            oracle = InProcessOracle(model, manifest.target, manifest.probe, always, searched_names(manifest), goal)
         else:
             if not patches:
                 raise ManifestError("manifest has no [[patches]] tables", "add one [[patches]] table per patch")
-            oracle = ServerOracle(manifest.target, patches, manifest.probe)
+            oracle = ServerOracle(manifest.target, patches, manifest.probe, goal=divergence_goal(manifest.verdict))
     if isinstance(oracle, ServerOracle) and isinstance(executor, ThreadExecutor):
         oracle.allow(executor.capacity)  # search.parallel stacks at once, from threads of this process
     names = [p.name for p in patches]

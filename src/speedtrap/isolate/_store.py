@@ -9,6 +9,7 @@ retries it. A lock file keeps two processes from running in one directory at onc
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -211,7 +212,8 @@ class TrialStore:
             ),
         )
         index = int(cur.lastrowid or 0)
-        return _trial(self.db.execute(f"SELECT {_COLUMNS} FROM trials WHERE id = ?", (index,)).fetchone(), False)
+        stored = _trial(self.db.execute(f"SELECT {_COLUMNS} FROM trials WHERE id = ?", (index,)).fetchone(), False)
+        return dataclasses.replace(stored, stopped=trial.stopped)  # not a column: this run's notes say it
 
     def trials(self, run_id: int | None = None) -> list[Trial]:
         sql = f"SELECT {_COLUMNS} FROM trials" + (" WHERE run_id = ?" if run_id is not None else "") + " ORDER BY id"

@@ -47,7 +47,7 @@ may have no ``[target]``; the stages that launch ask for it and name the missing
     direction = "above"            # fail when the metric is above (or below) the bound
     near = 0.25                    # relative band around the bound that is repeated
     repeats = 2                    # extra trials for a verdict near the threshold
-    sequential = true              # recall: ask in rounds, stop each length once decided against the baseline
+    sequential = true              # stop once decided: recall per length; divergence after its prefill round
     alpha = 0.05                   # sequential: the chance of calling a length lost that keeps its facts
     beta = 0.2                     # sequential: the chance of calling one kept that loses half its facts
 

@@ -225,7 +225,7 @@ def from_trial_report(
     ctx: Context, spec: Manifest, result: IsolateResult, config: Sequence[str], label: str, role: str
 ) -> Part | None:
     """A divergence part taken from isolation's own trial of ``config`` when isolation ran the same probe
-    (same settings, same seed): no second measurement."""
+    (same settings, same seed) and measured its whole grid: no second measurement."""
     mine = ctx.settings.probe("divergence")
     same = server_probe(ctx, "divergence").identity() if not ctx.source.in_process else identity(mine)
     if spec.probe.identity() != same:
@@ -237,6 +237,8 @@ def from_trial_report(
         try:
             doc = json.loads(Path(trial.report_path).read_text(encoding="utf-8"))
         except (OSError, ValueError):
+            continue
+        if doc.get("stopped"):  # stopped once its verdict was decided: the evidence measures the whole grid
             continue
         patches = tuple(config)
         part = Part(

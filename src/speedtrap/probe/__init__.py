@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         divergence_figures,
         run_divergence,
     )
+    from speedtrap.probe._divergence_stop import DivergenceGoal
     from speedtrap.probe._engine import Engine, Generation, StepLogprobs, top_logprobs
     from speedtrap.probe._floor import DEFAULT_MARGIN, NoiseFloor
     from speedtrap.probe._http import HttpBackend
@@ -64,6 +65,7 @@ __all__ = [
     "BucketStats",
     "ChatAnswer",
     "Conversation",
+    "DivergenceGoal",
     "DivergenceReport",
     "DivergenceSettings",
     "Engine",
@@ -125,6 +127,7 @@ _LAZY = {
     "ChatAnswer": "speedtrap.probe._backend",
     "Conversation": "speedtrap.probe._conversations",
     "DEFAULT_MARGIN": "speedtrap.probe._floor",
+    "DivergenceGoal": "speedtrap.probe._divergence_stop",
     "DivergenceReport": "speedtrap.probe._divergence",
     "DivergenceSettings": "speedtrap.probe._divergence",
     "Engine": "speedtrap.probe._engine",

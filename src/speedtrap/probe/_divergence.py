@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from speedtrap._errors import ProbeError, UsageError
 from speedtrap.probe._backend import Backend, Prompt, PromptLogprobs, TokenDist
 from speedtrap.probe._conversations import build_conversation
+from speedtrap.probe._divergence_stop import DivergenceGoal, stop_sentence
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._keys import KeyTally, check_keys, check_same_tokenizer, dists_by_ids, mapper_of, prompt_by_ids
 from speedtrap.probe._progress import progress_bar
@@ -155,6 +156,9 @@ class DivergenceReport:
     top_k_seen: dict[str, int] = field(default_factory=dict)  # the k each side returned (HTTP only)
     keys: dict[str, Any] = field(default_factory=dict)  # text names mapped to ids, and those that were not
     departures: list[Departure | None] = field(default_factory=list)  # per sequence, in job order
+    goal: DivergenceGoal | None = None  # the verdict the probe could stop on (None: the full grid, always)
+    stopped: str | None = None  # where the probe stopped early and why (None: the whole grid was measured)
+    unmeasured: list[str] = field(default_factory=list)  # phases not measured (stopped before them): not in phases
 
     def reading(self) -> str | None:
         """What the figures say of where the fault is (:func:`decode_side_reading`), or None."""
@@ -176,6 +180,8 @@ class DivergenceReport:
             "keys": self.keys,
             "departures": [None if d is None else d.to_json() for d in self.departures],
             "reading": self.reading(),
+            **({"goal": self.goal.to_json()} if self.goal is not None else {}),
+            **({"stopped": self.stopped, "unmeasured": self.unmeasured} if self.stopped is not None else {}),
         }
 
     def figures(self) -> dict[str, float]:
@@ -196,6 +202,19 @@ class DivergenceReport:
             top_k_seen={str(k): int(v) for k, v in data.get("top_k_seen", {}).items()},
             keys=dict(data.get("keys", {})),
             departures=[None if d is None else Departure.from_json(d) for d in data.get("departures", [])],
+            goal=DivergenceGoal(**data["goal"]) if data.get("goal") else None,
+            stopped=data.get("stopped"),
+            unmeasured=[str(p) for p in data.get("unmeasured", [])],
+        )
+
+    def figures_note(self) -> str | None:
+        """What a reader must know of the figures of a stopped report, or None."""
+        if self.stopped is None:
+            return None
+        return (
+            f"stopped early: {self.stopped}; not measured: {', '.join(self.unmeasured) or 'nothing'}, so each "
+            "worst.* figure is over the measured phases only (a lower bound of the full grid's for a figure where "
+            "larger is worse)"
         )
 
 
@@ -353,17 +372,92 @@ async def _sequence(backend: Backend, settings: DivergenceSettings, length: int,
     return prompt if isinstance(prompt, str) else list(prompt)[:length]
 
 
-def _row(length: int, index: int, tokens: int, found: dict[str, list[PositionStat]]) -> dict[str, Any]:
-    """One finished sequence as a results-file line: its positions' figures, phase by phase."""
+def _row(length: int, index: int, tokens: int, found: dict[str, list[PositionStat] | None]) -> dict[str, Any]:
+    """One sequence as a results-file line: its positions' figures, phase by phase (a phase not yet measured:
+    null, the prefill round of a sequential run)."""
     out: dict[str, Any] = {"length": length, "index": index, "tokens": tokens}
     for phase in PHASES:
-        out[phase] = [[st.position, st.kl, st.same_top1, st.dp] for st in found[phase]]
+        got = found.get(phase)
+        out[phase] = None if got is None else [[st.position, st.kl, st.same_top1, st.dp] for st in got]
     return out
 
 
-def _from_row(row: dict[str, Any]) -> tuple[int, dict[str, list[PositionStat]]]:
-    found = {phase: [PositionStat(int(p), float(k), bool(t), d) for p, k, t, d in row[phase]] for phase in PHASES}
+def _from_row(row: dict[str, Any]) -> tuple[int, dict[str, list[PositionStat] | None]]:
+    found = {
+        phase: None if row[phase] is None else [PositionStat(int(p), float(k), bool(t), d) for p, k, t, d in row[phase]]
+        for phase in PHASES
+    }
+    if found["prefill"] is None:
+        raise ValueError("no prefill")
     return int(row["tokens"]), found
+
+
+class _Pair:
+    """One sequence measured on both sides phase by phase: prefill first, then decode (a sequential run's rounds)."""
+
+    def __init__(
+        self, baseline: Backend, candidate: Backend, settings: DivergenceSettings, exact: bool,
+        seen: dict[str, int], tally: KeyTally,
+    ) -> None:  # fmt: skip
+        self.baseline, self.candidate, self.settings, self.exact = baseline, candidate, settings, exact
+        self.seen, self.tally = seen, tally
+        self.sides: dict[tuple[int, int], Any] = {}  # top-k: each side's prompt logprobs, keyed by id
+
+    async def prefill(self, job: tuple[int, int]) -> tuple[int, list[PositionStat]]:
+        prompt = await _sequence(self.baseline, self.settings, *job)
+        if self.exact:
+            base, cand = self.baseline, self.candidate
+            assert isinstance(base, InProcessBackend) and isinstance(cand, InProcessBackend)
+            ids = list(prompt) if not isinstance(prompt, str) else base._ids(prompt)
+            self.sides[job] = ids
+            stats = exact_positions(base.prefill_logits(ids)[:-1], cand.prefill_logits(ids)[:-1], ids[1:], 1)
+            return len(ids), stats
+        k = self.settings.top_k
+        mapper = mapper_of(self.candidate, self.baseline)
+        lps = await asyncio.gather(self.baseline.prompt_logprobs(prompt, k), self.candidate.prompt_logprobs(prompt, k))
+        pb, pc = [await prompt_by_ids(lp, mapper, self.tally) for lp in lps]
+        for name, lp in (("baseline", pb), ("candidate", pc)):
+            self.seen[name] = max(self.seen.get(name, 0), _k(lp.positions, k))
+        check_keys(pb.positions, pc.positions, "prefill")
+        if pb.tokens != pc.tokens:
+            raise ProbeError("the two backends tokenized the sequence differently", "compare servers of the same model")
+        start = len(lps[0].tokens) - self.settings.decode_tokens
+        prefix: Prompt = "".join(lps[0].tokens[:start]) if isinstance(prompt, str) else list(prompt)[:start]
+        self.sides[job] = (prefix, start)
+        stats = [
+            compare_dists(j, b, c, pb.tokens[j])
+            for j, (b, c) in enumerate(zip(pb.positions, pc.positions, strict=True))
+            if b is not None and c is not None
+        ]
+        return max((st.position for st in stats), default=0) + 1, stats
+
+    async def decode(self, job: tuple[int, int]) -> list[PositionStat]:
+        n = self.settings.decode_tokens
+        if job not in self.sides:  # a resumed run: the prefill came from the results file
+            await self.prefill(job)
+        if self.exact:
+            base, cand = self.baseline, self.candidate
+            assert isinstance(base, InProcessBackend) and isinstance(cand, InProcessBackend)
+            ids = self.sides[job]
+            return exact_positions(
+                base.decode_logits(ids, n), cand.decode_logits(ids, n), ids[len(ids) - n :], len(ids) - n
+            )
+        prefix, start = self.sides[job]
+        k = self.settings.top_k
+        mapper = mapper_of(self.candidate, self.baseline)
+        sides = await asyncio.gather(
+            self.baseline.decode_logprobs(prefix, n, k), self.candidate.decode_logprobs(prefix, n, k)
+        )
+        db, dc = [await dists_by_ids(d, mapper, self.tally) for d in sides]
+        for name, d in (("baseline", db), ("candidate", dc)):
+            self.seen[name] = max(self.seen.get(name, 0), _k(d, k))
+        check_keys(db, dc, "decode")
+        out = []
+        for i, (b, c) in enumerate(zip(db, dc, strict=False)):
+            out.append(compare_dists(start + i, b, c, b.token))
+            if b.token != c.token:
+                break
+        return out
 
 
 async def arun_divergence(
@@ -374,6 +468,7 @@ async def arun_divergence(
     results_path: Path | None = None,
     resume: bool = False,
     progress: Progress | bool = False,
+    goal: DivergenceGoal | None = None,
 ) -> DivergenceReport:
     """The divergence probe, async (see :func:`run_divergence`)."""
     started = time.perf_counter()
@@ -386,32 +481,43 @@ async def arun_divergence(
     engines = {"baseline": await _describe(baseline), "candidate": await _describe(candidate)}
     if not exact:
         await check_same_tokenizer(baseline, candidate)
-    finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat]]]] = {}
+    finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat] | None]]] = {}
     for row in store.done if store else []:
         try:
             finished[(int(row["length"]), int(row["index"]))] = _from_row(row)
         except (KeyError, TypeError, ValueError):
             continue  # a damaged line: that sequence runs again
+    stopped: str | None = None
+    pair = _Pair(baseline, candidate, settings, exact, seen, tally)
+    done = sum(1 for f in finished.values() if f[1]["decode"] is not None)
     try:
-        with progress_bar(progress, f"divergence {candidate.name}", len(jobs), len(finished)) as advance:
-            for n, i in jobs:
-                if (n, i) in finished:
-                    continue
-                prompt = await _sequence(baseline, settings, n, i)
-                if exact:
-                    assert isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
-                    ids = list(prompt) if not isinstance(prompt, str) else baseline._ids(prompt)
-                    found = _exact(baseline, candidate, ids, settings.decode_tokens)
-                    tokens = len(ids)
-                else:
-                    found = await _topk(
-                        baseline, candidate, prompt, settings.decode_tokens, settings.top_k, seen, tally
-                    )
-                    tokens = max((st.position for st in found["prefill"]), default=0) + 1
-                finished[(n, i)] = (tokens, found)
-                if store:
-                    store.append(_row(n, i, tokens, found))
-                advance()
+        with progress_bar(progress, f"divergence {candidate.name}", len(jobs), done) as advance:
+            if goal is None:  # the full grid, sequence by sequence
+                for job in jobs:
+                    if job in finished and finished[job][1]["decode"] is not None:
+                        continue
+                    if exact:
+                        assert isinstance(baseline, InProcessBackend) and isinstance(candidate, InProcessBackend)
+                        prompt = await _sequence(baseline, settings, *job)
+                        ids = list(prompt) if not isinstance(prompt, str) else baseline._ids(prompt)
+                        found: dict[str, list[PositionStat] | None] = {
+                            **_exact(baseline, candidate, ids, settings.decode_tokens)
+                        }
+                        tokens = len(ids)
+                    else:
+                        prompt = await _sequence(baseline, settings, *job)
+                        found = {
+                            **await _topk(
+                                baseline, candidate, prompt, settings.decode_tokens, settings.top_k, seen, tally
+                            )
+                        }
+                        tokens = max((st.position for st in found["prefill"] or []), default=0) + 1
+                    finished[job] = (tokens, found)
+                    if store:
+                        store.append(_row(*job, tokens, found))
+                    advance()
+            else:
+                stopped = await _sequential(pair, goal, jobs, finished, store, advance)
     finally:
         if store:
             store.close()
@@ -419,17 +525,64 @@ async def arun_divergence(
     lengths: list[int] = []
     departures: list[Departure | None] = []
     for job in jobs:  # in job order, whichever run measured each sequence
-        tokens, found = finished[job]
+        tokens, got = finished[job]
         lengths.append(tokens)
-        departures.append(Departure.of(found["decode"]))
+        departures.append(None if got["decode"] is None else Departure.of(got["decode"]))
         for phase in PHASES:
-            stats[phase].extend(found[phase])
-    phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
+            stats[phase].extend(got[phase] or [])
+    unmeasured = ["decode"] if stopped is not None else []
+    phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES if p not in unmeasured}
     return DivergenceReport(
         baseline.name, candidate.name, settings, phases, _approximation(exact, settings.top_k, seen),
         time.perf_counter() - started, lengths, engines, seen, {} if exact else {"note": KEYING, **tally.to_json()},
-        departures,
+        [] if stopped is not None else departures, goal, stopped, unmeasured,
     )  # fmt: skip
+
+
+def decided_after_prefill(
+    goal: DivergenceGoal, prefill: Sequence[Sequence[PositionStat]], decode_tokens: int
+) -> str | None:
+    """Where and why the probe stops after every sequence's prefill (one list of positions per sequence), or None
+    when the decodes could still change the verdict (:mod:`speedtrap.probe._divergence_stop`)."""
+    stats = [st for seq in prefill for st in seq]
+    kl, same = [st.kl for st in stats], [st.same_top1 for st in stats]
+    most = {"prefill": len(stats), "decode": decode_tokens * len(prefill)}
+    if goal.decided({"prefill": (kl, same)}, most) != "prefill":
+        return None
+    why = stop_sentence(goal, "prefill", kl, same, most["prefill"])
+    return f"stopped after the prefill of {len(prefill)} of {len(prefill)} sequences: {why}"
+
+
+async def _sequential(
+    pair: _Pair,
+    goal: DivergenceGoal,
+    jobs: list[tuple[int, int]],
+    finished: dict[tuple[int, int], tuple[int, dict[str, list[PositionStat] | None]]],
+    store: ResultsFile | None,
+    advance: Any,
+) -> str | None:
+    """Rounds: every sequence's prefill, then (unless the verdict is decided) every sequence's decode. Returns
+    where it stopped and why, or None when it measured the whole grid."""
+    for job in jobs:
+        if job not in finished:
+            tokens, stats = await pair.prefill(job)
+            finished[job] = (tokens, {"prefill": stats, "decode": None})
+            if store:
+                store.append(_row(*job, tokens, finished[job][1]))
+    pending = [job for job in jobs if finished[job][1]["decode"] is None]
+    if len(pending) == len(jobs):
+        prefill = [finished[job][1]["prefill"] or [] for job in jobs]
+        why = decided_after_prefill(goal, prefill, pair.settings.decode_tokens)
+        if why is not None:
+            return why
+    for job in pending:
+        tokens, got = finished[job]
+        found = {"prefill": got["prefill"], "decode": await pair.decode(job)}
+        finished[job] = (tokens, found)
+        if store:
+            store.append(_row(*job, tokens, found))
+        advance()
+    return None
 
 
 def _approximation(exact: bool, k: int, seen: dict[str, int]) -> str | None:
@@ -447,11 +600,18 @@ def run_divergence(
     results_path: Path | None = None,
     resume: bool = False,
     progress: Progress | bool = False,
+    goal: DivergenceGoal | None = None,
 ) -> DivergenceReport:
     """Compare ``candidate``'s next-token distributions to ``baseline``'s, in prefill and decode.
 
     With ``results_path``, each finished sequence is written there at once; ``resume`` measures
     only the sequences missing from it (same settings and backends, else a one-line error).
+
+    With ``goal`` (a verdict: metric, bound, direction) the probe measures in rounds, every sequence's prefill and
+    then every decode, and stops after the prefill round when the rest cannot change the verdict
+    (:mod:`speedtrap.probe._divergence_stop`: exact, no error rate); the report says where and why.
     """
-    coro = arun_divergence(baseline, candidate, settings, results_path=results_path, resume=resume, progress=progress)
+    coro = arun_divergence(
+        baseline, candidate, settings, results_path=results_path, resume=resume, progress=progress, goal=goal
+    )
     return asyncio.run(coro)

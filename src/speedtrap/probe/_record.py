@@ -33,8 +33,10 @@ from speedtrap.probe._divergence import (
     TopkSide,
     _sequence,
     compare_topk,
+    decided_after_prefill,
     fetch_topk,
 )
+from speedtrap.probe._divergence_stop import DivergenceGoal
 from speedtrap.probe._inprocess import InProcessBackend
 from speedtrap.probe._progress import progress_bar
 from speedtrap.probe._recall import RecallReport, RecallSettings, arun_recall
@@ -150,16 +152,6 @@ def _record_in_process(
         length, index, tuple(ids), None, Names(None), tuple(ids), prefill, "teacher_forced", n - decode_tokens, tail,
         decode,
     )  # fmt: skip
-
-
-def _compare_in_process(seq: SequenceRecord, cand: InProcessBackend, decode_tokens: int) -> dict[str, Any]:
-    ids = list(seq.tokens)
-    n = len(ids)
-    if seq.decode_mode != "teacher_forced" or len(seq.decode_tokens) != decode_tokens:
-        raise UsageError("the recording's decode pass does not match these settings", "record the baseline again")
-    prefill = bucket_positions(seq.prefill, cand.prefill_logits(ids)[:-1], ids[1:])
-    decode = bucket_positions(seq.decode, cand.decode_logits(ids, decode_tokens), ids[n - decode_tokens :])
-    return {"prefill": prefill, "decode": decode}
 
 
 # -- over HTTP: what the server answered -------------------------------------------------------
@@ -378,40 +370,76 @@ async def check_identity(recording: Recording, candidate: Backend) -> list[str]:
 
 
 async def adivergence_against(
-    recording: Recording, candidate: Backend, settings: DivergenceSettings | None = None, *, progress: bool = True
+    recording: Recording,
+    candidate: Backend,
+    settings: DivergenceSettings | None = None,
+    *,
+    progress: bool = True,
+    goal: DivergenceGoal | None = None,
 ) -> DivergenceReport:
-    """Divergence of ``candidate`` from the recorded baseline, on the recorded sequences."""
+    """Divergence of ``candidate`` from the recorded baseline, on the recorded sequences.
+
+    With ``goal``, every sequence's prefill first, then the decodes unless the verdict is already decided
+    (``arun_divergence``'s exact stop)."""
     settings = resolve_settings(recording, "divergence", settings)
     assert settings is not None
     started = time.perf_counter()
     in_process = recording.identity.source == "in-process"
-    stats: dict[str, list[PositionStat]] = {p: [] for p in PHASES}
-    lengths: list[int] = []
-    departures: list[Departure | None] = []
+    if in_process and not isinstance(candidate, InProcessBackend):
+        raise UsageError("an in-process recording needs an in-process target", "record over HTTP")
     order = {(n, i): r for r, (n, i) in enumerate((n, i) for n in settings.lengths for i in range(settings.sequences))}
     sequences = sorted(recording.sequences, key=lambda s: order[s.key])
+    n_dec, k = settings.decode_tokens, settings.top_k
+    prefills: list[list[PositionStat]] = []
+    sides: list[Any] = []
+    lengths: list[int] = []
+    stopped: str | None = None
     with progress_bar(progress, f"divergence {candidate.name} vs recording", len(sequences), 0) as advance:
-        for seq in sequences:
+        for seq in sequences:  # the prefill round
             if in_process:
-                if not isinstance(candidate, InProcessBackend):
-                    raise UsageError("an in-process recording needs an in-process target", "record over HTTP")
-                found = _compare_in_process(seq, candidate, settings.decode_tokens)
-                lengths.append(len(seq.tokens))
+                assert isinstance(candidate, InProcessBackend)
+                if seq.decode_mode != "teacher_forced" or len(seq.decode_tokens) != n_dec:
+                    raise UsageError("the recording's decode pass does not match these settings", "record again")
+                ids = list(seq.tokens)
+                prefills.append(bucket_positions(seq.prefill, candidate.prefill_logits(ids)[:-1], ids[1:]))
+                sides.append(ids)
+                lengths.append(len(ids))
             else:
-                side = await fetch_topk(candidate, seq_prompt(seq), settings.decode_tokens, settings.top_k)
-                found = compare_topk(recorded_side(seq), side)
+                base = recorded_side(seq)
+                lp = await candidate.prompt_logprobs(seq_prompt(seq), k)
+                start = len(lp.tokens) - n_dec
+                found = compare_topk(TopkSide(base.prompt, base.decode_start, []), TopkSide(lp, start, []))
+                prefills.append(found["prefill"])
+                sides.append((base, lp, start))
                 lengths.append(max((st.position for st in found["prefill"]), default=0) + 1)
-            departures.append(Departure.of(found["decode"]))
-            for phase in PHASES:
-                stats[phase].extend(found[phase])
+        if goal is not None:
+            stopped = decided_after_prefill(goal, prefills, n_dec)
+        decodes: list[list[PositionStat]] = []
+        for seq, side in zip(sequences, sides, strict=True) if stopped is None else ():  # the decode round
+            if in_process:
+                assert isinstance(candidate, InProcessBackend)
+                ids = side
+                decodes.append(
+                    bucket_positions(seq.decode, candidate.decode_logits(ids, n_dec), ids[len(ids) - n_dec :])
+                )
+            else:
+                base, lp, start = side
+                prompt = seq_prompt(seq)
+                prefix: Prompt = "".join(lp.tokens[:start]) if isinstance(prompt, str) else list(prompt)[:start]
+                steps = await candidate.decode_logprobs(prefix, n_dec, k)
+                decodes.append(compare_topk(base, TopkSide(lp, start, steps))["decode"])
             advance()
-    phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES}
-    approx = (BUCKET_APPROXIMATION if in_process else APPROXIMATION + " (baseline from a recording)").format(
-        k=settings.top_k
-    )
+    stats = {"prefill": [st for p in prefills for st in p], "decode": [st for d in decodes for st in d]}
+    unmeasured = ["decode"] if stopped is not None else []
+    phases = {p: PhaseDivergence.of(stats[p], settings.bucket_size) for p in PHASES if p not in unmeasured}
+    departures = [Departure.of(d) for d in decodes]
+    approx = (BUCKET_APPROXIMATION if in_process else APPROXIMATION + " (baseline from a recording)").format(k=k)
     baseline = f"recording {Path(recording.path).name} [{recording.identity.model}]"
     elapsed = time.perf_counter() - started
-    return DivergenceReport(baseline, candidate.name, settings, phases, approx, elapsed, lengths, departures=departures)
+    return DivergenceReport(
+        baseline, candidate.name, settings, phases, approx, elapsed, lengths, departures=departures, goal=goal,
+        stopped=stopped, unmeasured=unmeasured,
+    )  # fmt: skip
 
 
 async def arecall_against(recording: Recording, candidate: Backend, *, progress: bool = True) -> RecallComparison:

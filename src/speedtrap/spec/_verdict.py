@@ -20,7 +20,9 @@ class Verdict:
     ``repeats`` how many times at most; ``margin`` (recall_drop) an extra drop needed. ``sequential``
     asks a recall probe's questions in rounds against the baseline and stops each length once the
     verdict is decided: ``alpha`` is the chance of calling a length lost that keeps its facts, ``beta``
-    the chance of calling one kept that loses half of them (``speedtrap.probe._sequential``).
+    the chance of calling one kept that loses half of them (``speedtrap.probe._sequential``); it also lets
+    isolate's divergence trials stop after their prefill round once no decode can change the verdict (exact:
+    ``speedtrap.probe._divergence_stop``).
     """
 
     rule: str = "threshold"
@@ -33,7 +35,7 @@ class Verdict:
     origin: str = ""  # how the bound was chosen when not given (e.g. derived from a noise floor)
     alpha: float = 0.05  # sequential: the false-alarm rate (a configuration that keeps its facts called lost)
     beta: float = 0.2  # sequential: the miss rate (one that loses half its facts or more called kept)
-    sequential: bool = True  # ask the probe in rounds and stop once the verdict is decided
+    sequential: bool = True  # ask the probe in rounds and stop once the verdict is decided (recall, divergence)
 
     @classmethod
     def of_bound(cls, bound: Bound, near: float = 0.25, repeats: int = 2, origin: str = "") -> Verdict:
