@@ -96,7 +96,7 @@ def serve(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait()
 
 
-def test_reading_over_real_ssh_equals_local(sshd: str, serve: subprocess.Popen[bytes]) -> None:
+def test_reading_over_real_ssh_equals_local(sshd: str, serve: subprocess.Popen[bytes], tmp_path: Path) -> None:
     assert read_process(serve.pid, sshd) == read_process(serve.pid)
     local, remote = read_engine_process(serve.pid), read_engine_process(serve.pid, sshd)
     assert (remote.argv, remote.env, remote.cwd, remote.cpus, remote.engine) == (
@@ -109,9 +109,14 @@ def test_reading_over_real_ssh_equals_local(sshd: str, serve: subprocess.Popen[b
     title = f"pid {serve.pid} on "  # the table's title names the host: the one line that differs
     shown = lambda text: [x for x in text.splitlines() if title not in x]  # noqa: E731
     assert shown(out_r.output) == shown(out_l.output)
+    out = tmp_path / "speedtrap.toml"
+    result = CliRunner().invoke(app, ["init", "--pid", str(serve.pid), "--ssh", sshd, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "hf_secret_value_for_redaction" not in text and '"ssh"' in text and f'"{sshd}"' in text, text
 
 
-def test_bad_pids_over_real_ssh(sshd: str) -> None:
+def test_bad_pids_over_real_ssh(sshd: str, tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     result = CliRunner().invoke(app, ["inspect", "--pid", str(gone.pid), "--ssh", sshd])
@@ -120,6 +125,9 @@ def test_bad_pids_over_real_ssh(sshd: str) -> None:
     try:
         with pytest.raises(UsageError, match=f"pid {sleeper.pid}"):
             read_engine_process(sleeper.pid, sshd)
+        out = tmp_path / "speedtrap.toml"
+        result = CliRunner().invoke(app, ["init", "--pid", str(sleeper.pid), "--ssh", sshd, "--out", str(out)])
+        assert result.exit_code == 2 and str(sleeper.pid) in result.output and not out.exists(), result.output
     finally:
         sleeper.kill()
         sleeper.wait()
