@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from speedtrap._redact import REDACTED, is_secret, redact_argv, redact_env
 from speedtrap.spec import Gate, GateKind
 from speedtrap.stack._commits import Applied
 from speedtrap.stack._plugins import PluginEntry, process_plugins
+from speedtrap.stack._ssh import ssh_proc
 
 ENV, FLAG, CONFIG = GateKind.ENV, GateKind.FLAG, GateKind.CONFIG
 
@@ -46,7 +45,6 @@ SWITCH_PREFIXES = (
 )
 _TRUTHY = {"1", "true", "yes", "on"}
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.@\[\]:%-]+$")
-_SSH_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -114,45 +112,7 @@ def _read_local(pid: int, what: str) -> bytes:
 
 
 def _read_ssh(host: str, pid: int, what: str) -> bytes:
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise UsageError("the ssh client is not installed", "install openssh-client, or run inspect on the host")
-    argv = [
-        ssh,
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"ConnectTimeout={_SSH_TIMEOUT_S // 3}",
-        "--",
-        host,
-        "cat",
-        f"/proc/{pid}/{what}",
-    ]
-    try:
-        # An argument list, no shell: the host is checked above and the pid is an int.
-        proc = subprocess.run(argv, capture_output=True, timeout=_SSH_TIMEOUT_S, check=False)  # noqa: S603
-    except subprocess.TimeoutExpired:
-        raise UsageError(
-            f"ssh to {host} did not answer in {_SSH_TIMEOUT_S} s", "check the host name and network"
-        ) from None
-    err = proc.stderr.decode("utf-8", "replace").strip()
-    if proc.returncode == 255:
-        raise UsageError(
-            f"ssh to {host} failed: {err.splitlines()[-1] if err else 'exit 255'}",
-            "check that `ssh HOST true` works without a password prompt (BatchMode)",
-        )
-    if proc.returncode != 0:
-        if "No such file" in err:
-            raise UsageError(f"no process with pid {pid} on {host}", "check the pid with `ssh HOST ps aux`")
-        if "Permission denied" in err:
-            raise UsageError(
-                f"cannot read /proc/{pid}/{what} on {host}: permission denied",
-                "ssh as the user that runs the server, or as root",
-            )
-        raise UsageError(
-            f"reading /proc/{pid}/{what} on {host} failed: {err[:200] or proc.returncode}", "check the pid and the host"
-        )
-    return proc.stdout
+    return ssh_proc(host, pid, what)
 
 
 def read_process(pid: int, ssh_host: str | None = None) -> tuple[list[str], dict[str, str]]:

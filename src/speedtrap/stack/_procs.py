@@ -18,6 +18,7 @@ from typing import Any
 
 from speedtrap._errors import UsageError
 from speedtrap.stack._inspect import _read_local, _read_ssh, read_process
+from speedtrap.stack._ssh import ssh_nproc, ssh_proc
 
 SERVER, ROUTER = "server", "router"
 # The engine's Python package (its source tree) and the distributions that install it.
@@ -175,25 +176,7 @@ def _cwd(pid: int, host: str | None) -> str:
                 f"cannot read /proc/{pid}/cwd: permission denied (the process belongs to another user)",
                 "run speedtrap init as that user or as root",
             ) from None
-    return _ssh_text(host, ["readlink", f"/proc/{pid}/cwd"]).strip()
-
-
-def _ssh_text(host: str, argv: list[str]) -> str:
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise UsageError("the ssh client is not installed", "install openssh-client, or run init on the host")
-    full = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", host, *argv]
-    try:
-        proc = subprocess.run(full, capture_output=True, text=True, timeout=60, check=False)  # noqa: S603
-    except subprocess.TimeoutExpired:
-        raise UsageError(f"ssh to {host} did not answer in 60 s", "check the host name and network") from None
-    if proc.returncode != 0:
-        err = proc.stderr.strip().splitlines()
-        raise UsageError(
-            f"ssh {host} {argv[0]} failed: {err[-1] if err else proc.returncode}",
-            "check that `ssh HOST true` works without a password prompt (BatchMode)",
-        )
-    return proc.stdout
+    return ssh_proc(host, pid, "cwd").decode("utf-8", "replace").strip()
 
 
 def _cpus(pid: int, host: str | None) -> str | None:
@@ -206,7 +189,7 @@ def _cpus(pid: int, host: str | None) -> str | None:
     for part in cpus.split(","):
         a, _, b = part.partition("-")
         count += (int(b) - int(a) + 1) if b else 1
-    total = os.cpu_count() if host is None else int(_ssh_text(host, ["nproc", "--all"]).strip() or 0)
+    total = os.cpu_count() if host is None else ssh_nproc(host)
     return cpus if total and count < total else None
 
 
