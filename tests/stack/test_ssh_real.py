@@ -6,6 +6,7 @@ The client never touches ~/.ssh: a wrapper `ssh` first on PATH (the code finds s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -131,3 +132,65 @@ def test_bad_pids_over_real_ssh(sshd: str, tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def _serves(skip: int, mark: bytes) -> list[int]:
+    """The pids of every `speedtrap serve` alive on this machine carrying ``mark`` in its environment, but ``skip``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == skip:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            marked = mark in (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"speedtrap" in argv and b"serve" in argv and state != "Z" and marked:
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_manifest_init_wrote_over_ssh_launches_there_and_names_the_culprit(sshd: str, tmp_path: Path) -> None:
+    """init --ssh on a serve running the demo's culprit (``--set apply_routed_scaling_factor_on_output=true``), then
+    bisect on that manifest as written: every trial's server is started through the test's sshd, probed at the
+    address ssh resolves the alias to, and gone after the hunt. Ground truth by construction (the demo's patch)."""
+    mark = f"SPEEDTRAP_TEST_SSH={tmp_path.name}-{os.getpid()}"  # carried into every trial's server by the manifest
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDTRAP_TEST_SSH=mark.split("=", 1)[1])
+    port = free_port()
+    argv = [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", str(port), "--threads", "1",
+            "--set", "apply_routed_scaling_factor_on_output=true"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = tmp_path / "speedtrap.toml"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "speedtrap serve did not start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(1)
+        time.sleep(2)
+        result = CliRunner().invoke(app, ["init", "--pid", str(proc.pid), "--ssh", sshd, "--out", str(manifest)])
+        assert result.exit_code == 0, result.output
+    finally:
+        proc.kill()
+        proc.wait()
+    text = manifest.read_text()
+    assert '"http://127.0.0.1:{port}/health"' in text, text  # the alias resolved by ssh -G, not the alias
+    assert mark.split("=", 1)[1] in text, text
+    run = [sys.executable, "-m", "speedtrap", "bisect", "--manifest", str(manifest), "--run-dir", str(tmp_path / "r")]
+    done = subprocess.run([*run, "--json"], capture_output=True, text=True, check=False, timeout=800)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    result_json = json.loads(done.stdout)
+    culprits = [tuple(c["patches"]) if isinstance(c, dict) else tuple(c) for c in result_json["culprits"]]
+    assert culprits == [("apply_routed_scaling_factor_on_output_true",)], result_json
+    launched = list((tmp_path / "r").rglob("*.log"))
+    assert launched, "no trial log"
+    deadline = time.monotonic() + 30
+    while _serves(proc.pid, mark.encode()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _serves(proc.pid, mark.encode()) == [], "a trial's server is still alive after the hunt"

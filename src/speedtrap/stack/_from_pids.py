@@ -30,6 +30,7 @@ from speedtrap.stack._rewrite import (
     rewrite_argv,
     split_switches,
 )
+from speedtrap.stack._ssh import ssh_hostname
 
 _MODEL_FLAGS = {"sglang": ("--model-path", "--model"), "vllm": ("--model",), "llama.cpp": ("--model", "-m")}
 _AGREE = {
@@ -210,7 +211,7 @@ def _health(role: _Role) -> str:
     e = role.proc.engine
     host = flag_value(role.argv, "--host") or "127.0.0.1"
     if host in ("0.0.0.0", "::", "[::]", "") or role.proc.host is not None:
-        host = "127.0.0.1" if role.proc.host is None else role.proc.host.split("@")[-1]
+        host = "127.0.0.1" if role.proc.host is None else ssh_hostname(role.proc.host)
     path = "/readiness" if e.engine == "sglang" and e.kind == ROUTER else "/health"
     return f"http://{host}:{{port}}{path}"
 

@@ -70,3 +70,22 @@ def ssh_nproc(host: str) -> int:
     proc = ssh_run(host, ["nproc", "--all"])
     text = proc.stdout.decode("utf-8", "replace").strip()
     return int(text) if proc.returncode == 0 and text.isdigit() else 0
+
+
+def ssh_hostname(host: str) -> str:
+    """The host name ssh connects to for ``host`` (``ssh -G``: an alias of the ssh config resolved, a
+    ``user@`` dropped), the name a URL to that host's servers must use; ``host`` itself when ssh cannot say."""
+    ssh = shutil.which("ssh")
+    bare = host.rsplit("@", 1)[-1]
+    if ssh is None:
+        return bare
+    try:
+        # ssh -G prints the configuration it would use and connects to nothing.
+        done = subprocess.run([ssh, "-G", "--", host], capture_output=True, text=True, timeout=10, check=False)  # noqa: S603
+    except subprocess.TimeoutExpired:
+        return bare
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value.strip():
+            return value.strip()
+    return bare
