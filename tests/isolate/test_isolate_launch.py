@@ -7,11 +7,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from speedtrap._errors import ServerError
+from speedtrap.isolate import ServerOracle, TrialRequest
+from speedtrap.manifest import load_manifest
 from speedtrap.stack import CommandNotFound, LaunchSpec, free_port, launch, start, wait_healthy
 
 TINY = Path(__file__).with_name("tiny_server.py")
@@ -88,3 +91,18 @@ def test_a_server_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     returncode = server.stop()
     assert returncode == -signal.SIGKILL and 1.5 <= time.monotonic() - t0 < 10
+
+
+def test_a_trials_probe_seconds_leave_out_the_servers_stop(tiny_manifest: Any, tmp_path: Path) -> None:
+    """The server takes 2 s to exit after SIGTERM (a graceful shutdown): the trial's wall time holds them, its
+    probe seconds do not (they once did, and an engine's stop read as probe time)."""
+    manifest = load_manifest(tiny_manifest(["a"], [], env={"TINY_STOP_DELAY": "2"}))
+    oracle = ServerOracle(manifest.target, manifest.patches, manifest.probe)
+    t0 = time.monotonic()
+    try:
+        m = oracle.measure(TrialRequest(("a",), 0, tmp_path / "w", "t"), 1)
+    finally:
+        oracle.close()
+    wall = time.monotonic() - t0
+    assert m.figures["metric"] == 0.0
+    assert m.launch_s + m.probe_s <= wall - 1.9, (m.launch_s, m.probe_s, wall)

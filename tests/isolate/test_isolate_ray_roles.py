@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from test_isolate_roles import PATCHES, pd_roles, write_stack
 
+from _ray_cluster import local_cluster, raylets
 from speedtrap._errors import UsageError
 from speedtrap.isolate import RayExecutor, Status, isolate
 from speedtrap.manifest import load_manifest
@@ -27,26 +28,8 @@ WHERE = {"prefill": "speedtrap=a", "decode": "b", "router": "speedtrap=head"}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "labels": {"speedtrap": "head"}})
-    c.add_node(num_cpus=2, labels={"speedtrap": "a"})
-    c.add_node(num_cpus=2, labels={"speedtrap": "b"})
-    ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
-    c.wait_for_nodes()
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
-def _raylets(cluster: Any) -> dict[int, str]:
-    """Each node's raylet pid -> the node's label (what /proc ancestry leads to)."""
-    labels = {n["NodeID"]: n.get("Labels", {}).get("speedtrap") for n in ray.nodes() if n.get("Alive")}
-    out = {}
-    for node in cluster.list_all_nodes():
-        for info in node.all_processes.get("raylet", []):
-            out[info.process.pid] = labels[node.node_id]
-    return out
+    with local_cluster() as c:
+        yield c
 
 
 def _placed_roles(tmp_path: Path, where: dict[str, str], **extra: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -72,11 +55,11 @@ def test_prefill_decode_and_router_each_on_its_node_give_the_local_verdict(clust
         groups = executor.placement()
     assert remote.status is local.status and remote.culprit_names == local.culprit_names
     assert len(groups) == 1 and groups[0]["strategy"] == "SPREAD" and len(set(groups[0]["nodes"])) == 3, groups
-    raylets = _raylets(cluster)
+    found = raylets(cluster)
     seen: dict[str, set[str]] = {}
     for line in lineage.read_text().splitlines():
         role, _group, _pid, chain = line.split()
-        node = next(raylets[int(p)] for p in chain.split(",") if int(p) in raylets)
+        node = next(found[int(p)] for p in chain.split(",") if int(p) in found)
         seen.setdefault(role, set()).add(node)
     assert seen == {"prefill": {"a"}, "decode": {"b"}, "router": {"head"}}, seen
     ids = {n.get("Labels", {}).get("speedtrap"): n["NodeID"] for n in ray.nodes() if n.get("Alive")}

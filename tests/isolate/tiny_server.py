@@ -22,6 +22,7 @@ its first POST /v1/completions (SGLang's prefill without its CPU switch); ``TINY
 (/figures or a completion) never gets an answer, and neither does anything after it, /health included.
 ``TINY_BIND``: the address it listens on (127.0.0.1 unless set; a role reached from other nodes: 0.0.0.0).
 ``TINY_LINEAGE`` names a file that gets ``ROLE GROUP PID ANCESTORS`` (``TINY_GROUP``: the trial's key).
+``TINY_STOP_DELAY``: seconds it takes to exit after SIGTERM (a server's graceful shutdown).
 """
 
 from __future__ import annotations
@@ -150,6 +151,13 @@ if __name__ == "__main__":
     if os.environ.get("TINY_CHILD"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
     time.sleep(float(os.environ.get("TINY_START_DELAY", "0")))
+    if os.environ.get("TINY_STOP_DELAY"):
+
+        def slow_stop(*_: object) -> None:
+            time.sleep(float(os.environ["TINY_STOP_DELAY"]))
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, slow_stop)
     print(f"tiny server on {PORT} with {CONFIG or '(no patch)'}; broken={BROKEN}", flush=True)
     httpd = ThreadingHTTPServer((os.environ.get("TINY_BIND", "127.0.0.1"), PORT), Handler)
     event("ready")

@@ -14,39 +14,23 @@ import subprocess
 import sys
 import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from speedtrap.stack import free_port
+from _serving import serving
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_init_from_speedtrap_serve_then_bisect_names_the_config_patch(tmp_path: Path) -> None:
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEEDTRAP_SMOLMOE_")}
     env["SPEEDTRAP_SMOLMOE_FUSED_RMSNORM"] = "1"
-    argv = [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", str(port), "--threads", "1",
-            "--set", "apply_routed_scaling_factor_on_output=true"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = tmp_path / "speedtrap.toml"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "speedtrap serve did not start"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                time.sleep(1)
+    with serving(tmp_path, env, "--set", "apply_routed_scaling_factor_on_output=true") as (proc, _port):
         init = [sys.executable, "-m", "speedtrap", "init", "--pid", str(proc.pid), "--out", str(manifest)]
         done = subprocess.run(init, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
-    finally:
-        proc.kill()
-        proc.wait()
     data = tomllib.loads(manifest.read_text())
     assert data["probe"]["api"] == "vllm" and data["target"]["launch"][-2:] == ["--threads", "1"]
     by = {p["name"]: p for p in data["patches"]}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _serving import serving
 from speedtrap._errors import UsageError
 from speedtrap.cli import app
 from speedtrap.stack import free_port
@@ -159,26 +160,11 @@ def test_the_manifest_init_wrote_over_ssh_launches_there_and_names_the_culprit(s
     address ssh resolves the alias to, and gone after the hunt. Ground truth by construction (the demo's patch)."""
     mark = f"SPEEDTRAP_TEST_SSH={tmp_path.name}-{os.getpid()}"  # carried into every trial's server by the manifest
     env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDTRAP_TEST_SSH=mark.split("=", 1)[1])
-    port = free_port()
-    argv = [sys.executable, "-m", "speedtrap", "serve", "--target", "smol-moe", "--port", str(port), "--threads", "1",
-            "--set", "apply_routed_scaling_factor_on_output=true"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = tmp_path / "speedtrap.toml"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "speedtrap serve did not start"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(1)
+    with serving(tmp_path, env, "--set", "apply_routed_scaling_factor_on_output=true") as (proc, _port):
         time.sleep(2)
         result = CliRunner().invoke(app, ["init", "--pid", str(proc.pid), "--ssh", sshd, "--out", str(manifest)])
         assert result.exit_code == 0, result.output
-    finally:
-        proc.kill()
-        proc.wait()
     text = manifest.read_text()
     assert '"http://127.0.0.1:{port}/health"' in text, text  # the alias resolved by ssh -G, not the alias
     assert mark.split("=", 1)[1] in text, text

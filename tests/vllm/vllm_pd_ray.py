@@ -6,22 +6,19 @@ Shared by tests/vllm/test_vllm_pd_ray.py and benchmarks/bench_ray_nodes.py:
   node's address (``--host 0.0.0.0``), the router's upstreams at ``{prefill.host}`` / ``{decode.host}``, health
   at ``{host}``, a marker in the target's environment (the watchers' filter) and ``SPEEDTRAP_TEST_ROLE = NAME``
   in each role's (which process is which role: the test's ground truth, read from /proc).
-- :func:`local_cluster`: a head of 1 CPU (``speedtrap=head``) and two nodes of 2 CPUs (``speedtrap=a|b``),
-  each a raylet of its own on this machine.
+- :func:`local_cluster` (from tests/_ray_cluster.py): a head of 1 CPU (``speedtrap=head``) and two nodes of 2
+  CPUs (``speedtrap=a|b``), each a raylet of its own on this machine.
 - :class:`RoleScan`: every process carrying the marker, seen every 0.2 s: its role and the node it runs on (the
   raylet its ancestry in /proc leads to; ``None`` for a process this machine's driver launched itself).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 import threading
 import time
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "isolate"))
 from _toml_text import toml_text  # noqa: E402
 
+from _ray_cluster import local_cluster, raylets  # noqa: E402
 from _watch import argv_of, parent_of  # noqa: E402
+
+__all__ = ["local_cluster", "raylets"]  # shared with tests/isolate (tests/_ray_cluster.py), imported from here too
 
 EXAMPLE = ROOT / "examples" / "vllm-pd" / "speedtrap.toml"
 MARKER = "SPEEDTRAP_TEST_STACK"
@@ -70,40 +70,6 @@ def placed_manifest(folder: Path, where: dict[str, str], marker: str, retries: i
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(toml_text(tables, patches))
     return path
-
-
-@contextmanager
-def local_cluster() -> Iterator[Any]:
-    """A local Ray cluster of three labelled nodes, connected; shut down at the end."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    store = 80 * 1024 * 1024  # the object store holds nothing big here; Ray's default takes 30% of memory a node
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "labels": {"speedtrap": "head"}, "object_store_memory": store},
-    )
-    c.add_node(num_cpus=2, labels={"speedtrap": "a"}, object_store_memory=store)
-    c.add_node(num_cpus=2, labels={"speedtrap": "b"}, object_store_memory=store)
-    ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
-    c.wait_for_nodes()
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-
-
-def raylets(cluster: Any) -> dict[int, str]:
-    """Each node's raylet pid -> the node's ``speedtrap`` label."""
-    import ray
-
-    labels = {n["NodeID"]: n.get("Labels", {}).get("speedtrap") for n in ray.nodes() if n.get("Alive")}
-    out = {}
-    for node in cluster.list_all_nodes():
-        for info in node.all_processes.get("raylet", []):
-            out[info.process.pid] = labels[node.node_id]
-    return out
 
 
 def node_ids(cluster: Any) -> dict[str, str]:

@@ -335,6 +335,7 @@ class ServerOracle:
             since = server.log_sizes() if isinstance(server, Stack) else None
             try:
                 figures, doc = self._probe(server, request)
+                probe_s = time.perf_counter() - t1  # the probe alone: the stack's stop below is not the probe's
             except Exception as exc:
                 if isinstance(server, Stack) and isinstance(exc, (SpeedtrapError, httpx.HTTPError, OSError)):
                     # a router's HTTP 500 or a hang names no role: the role that exited or stalled, with its log
@@ -354,7 +355,6 @@ class ServerOracle:
                     raise _with_log(error, log) from None
                 raise
         report_path = _write_report(request, doc) if doc is not None else None
-        probe_s = time.perf_counter() - t1
         return Measurement(figures, str(log), report_path, launch_s or (t1 - t0), probe_s, doc)
 
     def _probe(self, server: Server, request: TrialRequest) -> tuple[dict[str, float], dict[str, Any] | None]:
