@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from speedtrap._errors import UsageError
+from speedtrap._errors import ProbeError, UsageError
 from speedtrap.probe import ChatAnswer, LengthStop, RecallReference, RecallReport, RecallSettings, Sprt, run_recall
 from speedtrap.probe._sequential import length_reading, paired_decision
 
@@ -152,3 +152,21 @@ def test_a_full_grid_without_a_reference_is_unchanged() -> None:
     assert len(report.samples) == 20 and not report.stops
     assert "sequential" not in full.to_json()  # a full grid's stored settings read as before
     assert RecallSettings.from_json(GRID.to_json()) == GRID
+
+
+def test_a_reference_of_known_answers_alone_decides_as_a_live_one_and_names_a_missing_answer() -> None:
+    """A server's baseline is measured with its whole grid and stopped before the candidate starts: the
+    candidate is asked in rounds against those answers (no server behind the reference), with the verdicts
+    and stops a live reference gives; a question the answers lack is an error naming it, not a loss."""
+    full = dataclasses.replace(GRID, sequential=False)
+    baseline = run_recall(_Fake("base"), full)  # type: ignore[arg-type]
+    known = RecallReference(None, baseline.samples)
+    live = run_recall(_Fake("bug", forget_above=600), GRID, reference=RecallReference(_Fake("base")))  # type: ignore[arg-type]
+    bug = _Fake("bug", forget_above=600)
+    report = run_recall(bug, GRID, reference=known)  # type: ignore[arg-type]
+    assert report.stops == live.stops and bug.asked == 8
+    assert [s.decision for s in report.stops] == ["kept", "lost"]
+    short = RecallReference(None, [s for s in baseline.samples if s.length != 1280])
+    with pytest.raises(ProbeError) as caught:
+        run_recall(_Fake("bug", forget_above=600), GRID, reference=short)  # type: ignore[arg-type]
+    assert "holds no answer to" in caught.value.one_line() and "whole grid" in caught.value.one_line()

@@ -218,8 +218,12 @@ class ServerOracle:
         probe: ProbeSpec,
         recording: bytes = b"",
         goal: Any = None,
+        recall_reference: Any = None,
     ) -> None:
         self.goal = goal  # a DivergenceGoal: a live divergence probe stops once the verdict is decided
+        # a probe.RecallReference (the baseline's answers): a recall probe with ``sequential`` settings asks in
+        # rounds against it and stops each length once decided; None: the whole grid
+        self.recall_reference = recall_reference
         self.target = target
         self.patches = {p.name: p for p in patches}
         self.order = [p.name for p in patches]
@@ -377,7 +381,7 @@ class ServerOracle:
                 reference = self.backend(ref, api)
             try:
                 if self.probe.kind == "recall":
-                    return await probe.arun_recall(candidate, settings, progress=False)
+                    return await probe.arun_recall(candidate, settings, progress=False, reference=self.recall_reference)
                 return await probe.arun_divergence(reference, candidate, settings, progress=False, goal=self.goal)
             finally:
                 await candidate.aclose()

@@ -112,7 +112,12 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
 
     manifest = ctx.server_manifest()
     spec = server_probe(ctx, kind)
-    oracle = ServerOracle(manifest.target, manifest.patches, spec)
+    reference = _server_recall_reference(ctx, config) if kind == "recall" else None
+    if reference is not None:
+        verdict = manifest.verdict
+        extra = {"sequential": True, "alpha": verdict.alpha, "beta": verdict.beta}
+        spec = dataclasses.replace(spec, settings={**extra, **spec.settings, "sequential": True})
+    oracle = ServerOracle(manifest.target, manifest.patches, spec, recall_reference=reference)
     label = f"{kind}-{patches_slug(config)}"
     try:
         # the baseline recorded before the trial's stack starts (isolate's recording when it holds these
@@ -126,9 +131,28 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
     return measurement.report
 
 
+def _server_recall_reference(ctx: Context, config: tuple[str, ...]) -> Any:
+    """The baseline's answers a server's recall of ``config`` is asked against in rounds (None: the whole grid).
+
+    Sequential unless the run's recall settings or the manifest's ``[verdict] sequential`` say otherwise. The
+    baseline is measured first with its whole grid (its own part: launched, asked, stopped), so no server of
+    it is alive beside the candidate's; the candidate then asks only until each length is decided."""
+    from speedtrap import probe as probes
+
+    if not config:
+        return None
+    chosen = ctx.settings.recall.get("sequential")
+    if not (bool(chosen) if chosen is not None else ctx.server_manifest().verdict.sequential):
+        return None
+    base = probe(ctx, "recall", "baseline", "baseline", ())
+    samples = base.result.get("samples", []) if isinstance(base.result, dict) else []
+    return probes.RecallReference(None, [probes.RecallSample.from_json(s) for s in samples])
+
+
 def sequential_recall(ctx: Context) -> bool:
-    """Whether this run's recall is sequential: in-process, asked in rounds against the baseline (a
-    server's recall runs its whole grid: the oracle launches one configuration at a time)."""
+    """Whether this run's in-process recall is sequential: the baseline asked lazily, in rounds beside each
+    patched run (a server's recall is sequential too, against the baseline's whole grid measured first:
+    :func:`_server_recall_reference`)."""
     from speedtrap import probe as probes
 
     settings = probes.settings_for(ctx.settings.probe("recall"))

@@ -176,14 +176,16 @@ async def _build(
 class RecallReference:
     """The reference of a sequential recall probe (the baseline): its backend and the answers it has
     given so far. Each candidate asked against it asks it only the questions it lacks, so the
-    candidates of one run share its answers, and :meth:`report` is what it was asked."""
+    candidates of one run share its answers, and :meth:`report` is what it was asked. Without a backend
+    (a server's baseline, stopped before the candidate's server starts: one stack alive) the known answers
+    must hold every question asked; one missing is an error, never a wrong answer."""
 
-    def __init__(self, backend: Backend, known: Sequence[RecallSample] = ()) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend | None, known: Sequence[RecallSample] = ()) -> None:
+        self.backend = backend  # None: the known answers only (a server's baseline, measured before the trial)
         self.samples: dict[str, RecallSample] = {s.id: s for s in known}
 
     def report(self, settings: RecallSettings) -> RecallReport:
-        return RecallReport(self.backend.name, settings, list(self.samples.values()))
+        return RecallReport(self.backend.name if self.backend else "baseline", settings, list(self.samples.values()))
 
 
 async def _ask(
@@ -225,6 +227,11 @@ async def _sequential(
     decided: dict[int, str] = {}
 
     async def ask_reference(conv: Conversation, fact: Fact, counted: int) -> tuple[str, RecallSample]:
+        if reference.backend is None:
+            raise ProbeError(
+                f"the reference holds no answer to {conv.id}@{fact.depth:g} and has no server to ask",
+                "measure the baseline's whole grid with the same recall settings first",
+            )
         return "reference", await _ask(reference.backend, settings, conv, fact, counted)
 
     while True:
