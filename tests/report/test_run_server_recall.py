@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_run_one_stack import MANIFEST  # the same two patches over speedtrap serve
 
 from speedtrap.pipeline import PipelineSettings, run_pipeline
 from speedtrap.report import load_part
@@ -24,32 +25,6 @@ from speedtrap.rundir import Source, recall_path
 
 pytestmark = pytest.mark.slow
 
-MANIFEST = """
-[target]
-launch = {launch}
-health = "http://127.0.0.1:{{port}}/health"
-start_timeout = 300
-env = {{ OMP_NUM_THREADS = "1" }}
-config_args = ["--set", "{{key}}={{value}}"]
-
-[[patches]]
-name = "hash_topk_routed_scaling"
-config = {{ apply_routed_scaling_factor_on_output = "true" }}
-
-[[patches]]
-name = "fused_rmsnorm"
-env = {{ SPEEDTRAP_SMOLMOE_FUSED_RMSNORM = "1" }}
-
-[probe]
-kind = "divergence"
-preset = "quick"
-settings = {{ lengths = [256], decode_tokens = 8 }}
-
-[verdict]
-metric = "worst.kl_p99"
-bound = 0.05
-repeats = 0
-"""
 GRID = {"lengths": [128, 1280], "depths": [0.1, 0.3, 0.5, 0.7, 0.9], "samples": 2}
 
 
