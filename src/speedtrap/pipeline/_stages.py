@@ -115,8 +115,8 @@ def _measure(ctx: Context, kind: Kind, config: tuple[str, ...]) -> dict[str, Any
     reference = _server_recall_reference(ctx, config) if kind == "recall" else None
     if reference is not None:
         verdict = manifest.verdict
-        extra = {"sequential": True, "alpha": verdict.alpha, "beta": verdict.beta}
-        spec = dataclasses.replace(spec, settings={**extra, **spec.settings, "sequential": True})
+        rates = {"alpha": verdict.alpha, "beta": verdict.beta}  # the run's own settings win
+        spec = dataclasses.replace(spec, settings={**rates, **spec.settings, "sequential": True})
     oracle = ServerOracle(manifest.target, manifest.patches, spec, recall_reference=reference)
     label = f"{kind}-{patches_slug(config)}"
     try:
@@ -144,9 +144,15 @@ def _server_recall_reference(ctx: Context, config: tuple[str, ...]) -> Any:
     chosen = ctx.settings.recall.get("sequential")
     if not (bool(chosen) if chosen is not None else ctx.server_manifest().verdict.sequential):
         return None
-    base = probe(ctx, "recall", "baseline", "baseline", ())
-    samples = base.result.get("samples", []) if isinstance(base.result, dict) else []
-    return probes.RecallReference(None, [probes.RecallSample.from_json(s) for s in samples])
+    return probes.RecallReference(None, _samples(probe(ctx, "recall", "baseline", "baseline", ()).result))
+
+
+def _samples(result: Any) -> list[Any]:
+    """The recall samples of a stored recall part's result (``probe.RecallSample``)."""
+    from speedtrap import probe as probes
+
+    rows = result.get("samples", []) if isinstance(result, dict) else []
+    return [probes.RecallSample.from_json(s) for s in rows]
 
 
 def sequential_recall(ctx: Context) -> bool:
@@ -176,7 +182,7 @@ def _sequential_recall(ctx: Context, settings: Any, candidate: Any, config: tupl
         try:
             stored = load_part(recall_path(ctx.run_dir, ()))
             if stored.key == _baseline_key(ctx):
-                known = [probes.RecallSample.from_json(s) for s in stored.result.get("samples", [])]
+                known = _samples(stored.result)
         except (OSError, ValueError, KeyError, TypeError):
             known = []
         ctx.recall_reference = probes.RecallReference(probes.InProcessBackend(ctx.in_process_model(), []), known)
